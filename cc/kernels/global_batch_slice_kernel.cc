@@ -1,0 +1,42 @@
+#include "cc/kernels/global_batch_slice.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+namespace tensorflow_elastic {
+namespace {
+
+using tensorflow::OpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+// Runtime inputs rather than attributes: the world size changes while the
+// graph that calls this op stays traced.
+class GlobalBatchSliceOp : public OpKernel {
+ public:
+  explicit GlobalBatchSliceOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+
+  void Compute(OpKernelContext* ctx) override {
+    BatchSlice slice;
+    OP_REQUIRES_OK(ctx, ComputeGlobalBatchSlice(Scalar(ctx, 0), Scalar(ctx, 1), Scalar(ctx, 2),
+                                                Scalar(ctx, 3), &slice));
+    Tensor* start = nullptr;
+    Tensor* size = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &start));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &size));
+    start->scalar<int64_t>()() = slice.start;
+    size->scalar<int64_t>()() = slice.size;
+  }
+
+ private:
+  static int64_t Scalar(OpKernelContext* ctx, int index) {
+    return ctx->input(index).scalar<int64_t>()();
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("GlobalBatchSlice").Device(tensorflow::DEVICE_CPU),
+                        GlobalBatchSliceOp);
+
+}  // namespace
+}  // namespace tensorflow_elastic

@@ -1,0 +1,60 @@
+"""The one TensorFlow release this build works with, and the check at import.
+
+The C++ op library links against TensorFlow's C++ ABI, which changes between
+releases: a mismatch crashes or fails with unreadable symbol errors, so we
+refuse early with a message that says what to install.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+REQUIRED_TF_VERSION = "2.21.0"
+
+# Distributions that provide the `tensorflow` module.
+TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
+                    "tf-nightly", "tf-nightly-cpu")
+
+
+class TensorFlowVersionError(ImportError):
+    """The installed TensorFlow cannot run tensorflow_elastic."""
+
+
+def installed_tensorflow() -> dict[str, str]:
+    """Maps each installed TensorFlow distribution to its version."""
+    found = {}
+    for name in TF_DISTRIBUTIONS:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def check_tensorflow_version(installed: dict[str, str] | None = None) -> str:
+    """Returns the TensorFlow version, or raises TensorFlowVersionError saying what to fix.
+
+    Reads package metadata only, so processes that never touch TensorFlow (the
+    orchestrator) do not pay for importing it.
+    """
+    installed = installed_tensorflow() if installed is None else installed
+    if not installed:
+        raise TensorFlowVersionError(
+            f"TensorFlow is not installed. tensorflow_elastic needs TensorFlow {REQUIRED_TF_VERSION}: "
+            f"pip install 'tensorflow-cpu=={REQUIRED_TF_VERSION}' (or 'tensorflow[and-cuda]=="
+            f"{REQUIRED_TF_VERSION}' for GPUs).")
+    if len(installed) > 1:
+        listing = ", ".join(f"{k}=={v}" for k, v in sorted(installed.items()))
+        raise TensorFlowVersionError(
+            f"Several TensorFlow distributions are installed ({listing}); they overwrite each "
+            f"other's files. Uninstall all but one, then reinstall that one "
+            f"(pip uninstall {' '.join(sorted(installed))}; pip install "
+            f"'tensorflow-cpu=={REQUIRED_TF_VERSION}').")
+    (name, version), = installed.items()
+    if version != REQUIRED_TF_VERSION:
+        raise TensorFlowVersionError(
+            f"tensorflow_elastic was built for TensorFlow {REQUIRED_TF_VERSION}, "
+            f"but {name}=={version} is installed. Install the matching release "
+            f"(pip install '{name}=={REQUIRED_TF_VERSION}') or rebuild tensorflow_elastic "
+            f"against your TensorFlow with ./install.sh.")
+    return version

@@ -1,0 +1,62 @@
+"""The TensorFlow version pin and the clear refusal of a wrong installation."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tensorflow_elastic import tf_version
+from tensorflow_elastic.tf_version import TensorFlowVersionError, check_tensorflow_version
+
+REQUIRED = tf_version.REQUIRED_TF_VERSION
+
+
+def test_matching_version_passes():
+    assert check_tensorflow_version({"tensorflow-cpu": REQUIRED}) == REQUIRED
+
+
+def test_the_installed_tensorflow_is_the_pinned_one():
+    import tensorflow as tf
+
+    assert tf.__version__ == REQUIRED
+    assert check_tensorflow_version() == REQUIRED
+
+
+def test_missing_tensorflow_says_what_to_install():
+    with pytest.raises(TensorFlowVersionError, match=rf"pip install 'tensorflow-cpu=={REQUIRED}'"):
+        check_tensorflow_version({})
+
+
+def test_wrong_version_names_both_versions():
+    with pytest.raises(TensorFlowVersionError, match=rf"built for TensorFlow {REQUIRED}.*2\.20\.0"):
+        check_tensorflow_version({"tensorflow": "2.20.0"})
+
+
+def test_two_distributions_are_refused():
+    with pytest.raises(TensorFlowVersionError, match="Several TensorFlow distributions"):
+        check_tensorflow_version({"tensorflow": REQUIRED, "tensorflow-cpu": REQUIRED})
+
+
+def _import_in_subprocess(code, extra_path=None):
+    env = dict(os.environ)
+    if extra_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [extra_path, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_import_refuses_a_second_tensorflow_distribution(tmp_path):
+    dist_info = tmp_path / "tensorflow-2.20.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: tensorflow\nVersion: 2.20.0\n")
+    result = _import_in_subprocess("import tensorflow_elastic", extra_path=str(tmp_path))
+    assert result.returncode != 0
+    assert "Several TensorFlow distributions" in result.stderr
+
+
+def test_import_does_not_import_tensorflow():
+    result = _import_in_subprocess(
+        "import sys, tensorflow_elastic; print('tensorflow' in sys.modules)")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
