@@ -7,6 +7,8 @@ it. TensorFlow-facing parts load on first use.
 
 from __future__ import annotations
 
+import sys
+
 from tensorflow_elastic.tf_version import (REQUIRED_TF_VERSION, check_tensorflow_version,
                                            installed_tensorflow)
 
@@ -19,4 +21,31 @@ _installed_tensorflow = installed_tensorflow()
 if _installed_tensorflow:
     check_tensorflow_version(_installed_tensorflow)
 
-__all__ = ["REQUIRED_TF_VERSION", "__version__", "check_tensorflow_version"]
+# Public names and the module that defines each; loaded on first access.
+_LAZY = {
+    "init": "tensorflow_elastic.runtime",
+    "run": "tensorflow_elastic.elastic_run",
+    "State": "tensorflow_elastic.state",
+    "TensorFlowState": "tensorflow_elastic.state",
+    "KerasState": "tensorflow_elastic.state",
+    "MembershipChanged": "tensorflow_elastic.errors",
+    "ElasticJobFailed": "tensorflow_elastic.errors",
+    "ElasticMultiWorkerMirroredStrategy": "tensorflow_elastic.strategy",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorflow_elastic' has no attribute '{name}'")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+if "tensorflow" in sys.modules:
+    # The usual `import tensorflow as tf; import tensorflow_elastic` makes
+    # tf.distribute.experimental.ElasticMultiWorkerMirroredStrategy available.
+    import tensorflow_elastic.strategy  # noqa: F401
+
+__all__ = ["REQUIRED_TF_VERSION", "__version__", "check_tensorflow_version", *_LAZY]

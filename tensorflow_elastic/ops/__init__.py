@@ -10,6 +10,8 @@ import os
 import threading
 from types import ModuleType
 
+import tensorflow as tf
+
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_ops.so")
 
 _lock = threading.Lock()
@@ -30,11 +32,6 @@ def load_op_library(path: str = LIBRARY_PATH) -> ModuleType:
             raise OpLibraryError(
                 f"The tensorflow_elastic op library is missing ({path}). It is built with the "
                 f"package: run ./install.sh from the source tree, or reinstall the wheel.")
-        from tensorflow_elastic.tf_version import check_tensorflow_version
-
-        check_tensorflow_version()
-        import tensorflow as tf
-
         try:
             library = tf.load_op_library(path)
         except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, OSError) as e:
@@ -47,6 +44,8 @@ def load_op_library(path: str = LIBRARY_PATH) -> ModuleType:
         return library
 
 
+# AutoGraph stays out of the wrappers: they load the library with plain Python.
+@tf.autograph.experimental.do_not_convert
 def global_batch_slice(cursor, global_batch_size, num_workers, worker_index):
     """This worker's slice [start, start + size) of global batch `cursor`.
 
@@ -55,8 +54,6 @@ def global_batch_slice(cursor, global_batch_size, num_workers, worker_index):
     arguments may be tensors (e.g. variables the strategy updates when the
     membership changes), so a traced function follows the change.
     """
-    import tensorflow as tf
-
     ops = load_op_library()
     as_int64 = lambda value: tf.cast(value, tf.int64)
     return ops.global_batch_slice(as_int64(cursor), as_int64(global_batch_size),

@@ -1,0 +1,63 @@
+"""`tensorflow_elastic.run`: run a training function until it finishes, re-forming around failures."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Callable, TypeVar
+
+from tensorflow_elastic import events
+from tensorflow_elastic import runtime as runtime_lib
+from tensorflow_elastic.errors import ElasticJobFailed, MembershipChanged, is_recoverable
+from tensorflow_elastic.state import State
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Re-forms in a row without a single commit in between: something is wrong
+# beyond a lost peer (e.g. a bug that always fails the first step).
+MAX_REFORMS_WITHOUT_PROGRESS = 5
+
+
+def run(func: Callable[..., T]) -> Callable[..., T]:
+    """Decorates `func(state, ...)`: sync from the chief, call, and on a fault restore, re-form, retry."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs) -> T:
+        rt = runtime_lib.current()
+        rt.enter_training()
+        reforms_without_progress = 0
+        while True:
+            state.sync()
+            commits_before = state.commits
+            try:
+                result = func(state, *args, **kwargs)
+            except MembershipChanged:
+                if rt.leave_requested:
+                    rt.leave("leave requested")
+                    raise SystemExit(0)
+            except Exception as error:  # noqa: BLE001 - filtered just below
+                if not is_recoverable(error):
+                    raise
+                rt.check_job_alive()
+                logger.warning("collective failed (%s); re-forming", type(error).__name__)
+                rt.report_failure(error)
+                state.restore()
+                rt.events.record(events.STATE_RESTORED, node=rt.node_id, generation=rt.generation,
+                                 commits=state.commits)
+            else:
+                rt.finish()
+                return result
+            if state.commits == commits_before:
+                reforms_without_progress += 1
+                if reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
+                    raise ElasticJobFailed(
+                        f"{reforms_without_progress} re-forms in a row without a single commit; "
+                        f"giving up (see the events file for the failures)")
+            else:
+                reforms_without_progress = 0
+            rt.reform()
+            state.on_reset()
+
+    return wrapper

@@ -1,0 +1,187 @@
+"""What survives a membership change: committed snapshots, restored on failure, synced to newcomers.
+
+A tiny API in the spirit of Horovod's elastic State: `commit()` at step
+boundaries, `restore()` after a failure, `sync()` after every re-form (the
+chief's state goes to everyone), and reset callbacks for what depends on the
+world size.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from typing import Any, Callable, Iterable
+
+import tensorflow as tf
+
+from tensorflow_elastic import runtime as runtime_lib
+from tensorflow_elastic.errors import MembershipChanged
+
+
+class State:
+    """Python attributes (epoch, batch, anything picklable) with commit/restore/sync."""
+
+    def __init__(self, **values: Any):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_committed", copy.deepcopy(values))
+        object.__setattr__(self, "_reset_callbacks", [])
+        object.__setattr__(self, "_commits", 0)
+
+    def __getattr__(self, name: str) -> Any:
+        values = object.__getattribute__(self, "_values")
+        if name in values:
+            return values[name]
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._values:
+            self._values[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    @property
+    def commits(self) -> int:
+        """How many commits this process has made since it started."""
+        return self._commits
+
+    def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
+        """Callbacks run after every re-form, e.g. to rescale the learning rate with the world size."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        for callback in self._reset_callbacks:
+            callback()
+
+    def save(self) -> None:
+        self._committed = copy.deepcopy(self._values)
+
+    def restore(self) -> None:
+        """Rolls back to the last commit."""
+        self._values.update(copy.deepcopy(self._committed))
+
+    def commit(self) -> None:
+        """Snapshots the state, then re-forms here if the membership is about to change.
+
+        Every member votes at the same commit, so a growth or a leave happens
+        at the same step everywhere and loses no work.
+        """
+        self.save()
+        self._commits += 1
+        rt = runtime_lib.current()
+        rt.check_job_alive()
+        if _agree(rt.wants_reform()):
+            raise MembershipChanged("membership changes at this commit")
+
+    def sync(self) -> None:
+        """Makes every member's state the chief's (after a re-form, for newcomers)."""
+        rt = runtime_lib.current()
+        key = f"state-{rt.generation}"
+        chief = rt.membership.chief_id
+        mine = pickle.dumps(self._values) if rt.node_id == chief else b""
+        values = rt.client.synchronize(key, mine)
+        self._values.update(pickle.loads(values[chief]))
+        self.save()
+
+
+class TensorFlowState(State):
+    """Variables plus Python attributes; snapshots alias variable buffers, so a commit copies nothing."""
+
+    def __init__(self, variables: Iterable[tf.Variable] = (), **values: Any):
+        super().__init__(**values)
+        object.__setattr__(self, "_variables", list(variables))
+        object.__setattr__(self, "_saved", None)
+        object.__setattr__(self, "_snapshot", None)
+        object.__setattr__(self, "_assign", None)
+        self._build_functions()
+        self.save()
+
+    def _all_variables(self) -> list[tf.Variable]:
+        return self._variables
+
+    def _build_functions(self) -> None:
+        variables = self._all_variables()
+
+        @tf.function(autograph=False)
+        def snapshot():
+            return [tf.identity(v.read_value()) for v in variables]
+
+        @tf.function(autograph=False)
+        def assign(values):
+            for v, value in zip(variables, values):
+                v.assign(value)
+
+        object.__setattr__(self, "_snapshot", snapshot)
+        object.__setattr__(self, "_assign", assign)
+
+    def save(self) -> None:
+        super().save()
+        if self._snapshot is not None:
+            self._saved = self._snapshot() if self._all_variables() else []
+
+    def restore(self) -> None:
+        super().restore()
+        if self._saved:
+            self._assign(self._saved)
+
+    def sync(self) -> None:
+        super().sync()
+        variables = self._all_variables()
+        if variables:
+            rt = runtime_lib.current()
+            values = _broadcast_from_chief([v.read_value() for v in variables],
+                                           rt.node_id == rt.membership.chief_id)
+            self._assign(values)
+            self._saved = self._snapshot()
+
+
+class KerasState(TensorFlowState):
+    """A Keras model and optimizer plus Python attributes (epoch, batch, ...)."""
+
+    def __init__(self, model, optimizer=None, **values: Any):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_optimizer", optimizer)
+        if optimizer is not None and not getattr(optimizer, "built", True):
+            # Slots must exist on every member before the first sync.
+            optimizer.build(model.trainable_variables)
+        super().__init__(variables=(), **values)
+
+    def _all_variables(self) -> list[tf.Variable]:
+        variables = list(self._model.variables)
+        if self._optimizer is not None:
+            variables += list(self._optimizer.variables)
+        return variables
+
+
+def _host_launcher():
+    strategy = runtime_lib.current().strategy
+    if strategy is None:
+        raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy before training")
+    return strategy.extended._host_cross_device_ops._launchers[0]
+
+
+def _agree(vote: bool) -> bool:
+    """True on every member if any member votes to re-form (one scalar all-reduce)."""
+    launcher = _host_launcher()
+    total = launcher.all_reduce(tf.constant(1.0 if vote else 0.0))
+    return float(total) > 0
+
+
+def _broadcast_from_chief(tensors: list[tf.Tensor], is_chief: bool) -> list[tf.Tensor]:
+    """The chief's tensors on every member, in one all-reduce per dtype."""
+    launcher = _host_launcher()
+    by_dtype: dict[tf.DType, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    result: list[tf.Tensor | None] = [None] * len(tensors)
+    for dtype, indices in by_dtype.items():
+        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
+        if not is_chief:
+            flat = tf.zeros_like(flat)
+        if dtype == tf.bool:
+            summed = tf.cast(launcher.all_reduce(tf.cast(flat, tf.int32)), tf.bool)
+        else:
+            summed = launcher.all_reduce(flat)
+        sizes = [int(tf.size(tensors[i])) for i in indices]
+        for i, part in zip(indices, tf.split(summed, sizes)):
+            result[i] = tf.reshape(part, tensors[i].shape)
+    return result

@@ -1,0 +1,63 @@
+"""The TensorFlow side of a generation: a sparse cluster of permanent ids.
+
+A process keeps its task id (its orchestrator node id) for life, so variables
+placed on `/job:worker/replica:0/task:<id>` stay valid across generations. A
+membership change is `enable_collective_ops` with the new ServerDef on the same
+context: TensorFlow updates the running server in place.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from tensorflow.core.protobuf import config_pb2, tensorflow_server_pb2
+from tensorflow.python.eager import context
+from tensorflow.python.training import server_lib
+
+JOB_NAME = "worker"
+
+
+def task_device(node_id: int) -> str:
+    return f"/job:{JOB_NAME}/replica:0/task:{node_id}"
+
+
+def leader(members: Mapping[int, str]) -> str:
+    """The collective group leader: the lowest id present (the chief)."""
+    return task_device(min(members))
+
+
+def server_def(members: Mapping[int, str], node_id: int,
+               config: config_pb2.ConfigProto | None = None) -> tensorflow_server_pb2.ServerDef:
+    if node_id not in members:
+        raise ValueError(f"node {node_id} is not among the members {sorted(members)}")
+    session_config = config_pb2.ConfigProto()
+    if config is not None:
+        session_config.CopyFrom(config)
+    # Without the leader in the ServerDef every collective of the group waits
+    # for a leader that never answers.
+    session_config.experimental.collective_group_leader = leader(members)
+    cluster = server_lib.ClusterSpec({JOB_NAME: dict(members)}).as_cluster_def()
+    return tensorflow_server_pb2.ServerDef(cluster=cluster, job_name=JOB_NAME, task_index=node_id,
+                                           protocol="grpc", default_session_config=session_config)
+
+
+def start(members: Mapping[int, str], node_id: int) -> None:
+    """Starts this process's server for its first generation (or its standby cluster of one)."""
+    ctx = context.context()
+    ctx.configure_collective_ops(collective_leader=leader(members),
+                                 scoped_allocator_enabled_ops=("CollectiveReduce",),
+                                 device_filters=(task_device(node_id),))
+    ctx.enable_collective_ops(server_def(members, node_id))
+    ctx.ensure_initialized()
+
+
+def update(members: Mapping[int, str], node_id: int) -> None:
+    """Moves the running server to a new membership; variables stay valid."""
+    context.context().enable_collective_ops(server_def(members, node_id))
+
+
+def abort_collectives(reason: str) -> None:
+    """Unblocks every collective waiting on a peer that is gone; the next update() recovers."""
+    from tensorflow.python.framework import errors
+
+    context.context().abort_collective_ops(errors.UNAVAILABLE, reason)

@@ -1,0 +1,152 @@
+"""ElasticMultiWorkerMirroredStrategy: MultiWorkerMirroredStrategy whose membership changes in-process.
+
+The strategy/extended split follows tf.distribute: the strategy is the user
+API, `ElasticExtended` holds the cluster. A re-form (`ElasticExtended.regroup`)
+updates the running server, the collective group and the world size in place:
+no process restarts, variables stay, traced functions keep working because
+their collectives read group size and key at call time (collectives.py).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from tensorflow.python.distribute import collective_all_reduce_strategy as mwms_lib
+from tensorflow.python.distribute import collective_util, distribute_lib
+from tensorflow.python.distribute import mirrored_strategy, numpy_dataset, reduce_util
+from tensorflow.python.distribute import values as values_lib
+from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
+from tensorflow.python.training import server_lib
+
+from tensorflow_elastic.strategy import cluster, collectives
+
+# Long enough for a first step that builds kernels, short enough that a peer
+# nobody reported still ends in an error rather than a hang.
+DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
+
+
+class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
+    """The cluster side: a sparse cluster of permanent ids that can be regrouped."""
+
+    def __init__(self, container_strategy, node_id: int, members: Mapping[int, str],
+                 generation: int, communication_options: collective_util.Options):
+        self._node_id = node_id
+        self._initial_members = dict(members)
+        self._generation = generation
+        super().__init__(container_strategy,
+                         cluster_resolver=SimpleClusterResolver(server_lib.ClusterSpec({})),
+                         communication_options=communication_options)
+
+    def _initialize_strategy(self, cluster_resolver, devices):
+        node_id, members = self._node_id, self._initial_members
+        self._task_type, self._task_id = cluster.JOB_NAME, node_id
+        self._rpc_layer = "grpc"
+        self._worker_device = f"/job:{cluster.JOB_NAME}/task:{node_id}"
+        self._host_input_device = numpy_dataset.SingleDevice(self._worker_device)
+        cluster.start(members, node_id)
+        self._collective_ops_configured = True
+        self._std_server_started = True
+        local_devices, self._local_device_type = self._initialize_local_devices(
+            cluster_resolver, self._worker_device)
+        self._num_devices_per_worker = len(local_devices)
+        # The same order as in regroup(): group keys are handed out in call order.
+        self._collective_keys = collectives.collective_keys_for(self._generation)
+        world = len(members)
+        self._cross_device_ops = collectives.ElasticCollectiveAllReduce(
+            local_devices, len(local_devices) * world, self._communication_options,
+            self._collective_keys)
+        self._host_cross_device_ops = collectives.ElasticCollectiveAllReduce(
+            [self._worker_device], world, self._communication_options, self._collective_keys)
+        mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
+        self._default_device = self._worker_device
+        self._set_members(members, self._generation)
+
+    def _set_members(self, members: Mapping[int, str], generation: int) -> None:
+        ordered = sorted(members)
+        self._members = dict(members)
+        self._generation = generation
+        self._num_workers = len(ordered)
+        self._is_chief = self._node_id == ordered[0]
+        self._id_in_cluster = ordered.index(self._node_id)
+        self._cluster_spec = server_lib.ClusterSpec({cluster.JOB_NAME: dict(members)})
+
+    def regroup(self, members: Mapping[int, str], generation: int) -> None:
+        """Moves this process to generation `generation` with `members`; all members call it."""
+        if generation <= self._generation:
+            raise ValueError(f"generation {generation} is not newer than {self._generation}")
+        cluster.update(members, self._node_id)
+        self._collective_keys = collectives.collective_keys_for(generation)
+        world = len(members)
+        self._cross_device_ops.regroup(self._num_devices_per_worker * world, self._collective_keys)
+        self._host_cross_device_ops.regroup(world, self._collective_keys)
+        self._set_members(members, generation)
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def members(self) -> dict[int, str]:
+        return dict(self._members)
+
+    @property
+    def node_id(self) -> int:
+        return self._node_id
+
+    def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
+        # No broadcast at creation: a newcomer creates its variables while the
+        # others train, and State.sync() makes all members equal afterwards.
+        return mirrored_strategy.MirroredExtended._get_variable_creator_initial_value(
+            self, replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
+
+    def _reduce_to(self, reduce_op, value, destinations, options):
+        if self._num_workers > 1 or (isinstance(value, values_lib.Mirrored)
+                                     and reduce_op == reduce_util.ReduceOp.MEAN):
+            return super()._reduce_to(reduce_op, value, destinations, options)
+        # At world size 1 the stock code reduces locally; a function traced
+        # now would then never reduce again once the world has grown.
+        if isinstance(value, values_lib.DistributedValues) and len(self.worker_devices) == 1:
+            value = value.values[0]
+        return self._get_cross_device_ops(value).reduce(
+            reduce_op, value, destinations=destinations,
+            options=self._communication_options.merge(options))
+
+    def _in_multi_worker_mode(self):
+        return True
+
+    def _start_check_health_thread(self):
+        # Peer health is the orchestrator's job (heartbeats, watch, reports).
+        return None
+
+
+class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
+    """Synchronous data-parallel training whose workers can fail, leave and join.
+
+    Create it after `tensorflow_elastic.init()` (it calls `init()` itself when
+    needed). `num_replicas_in_sync` follows the current world size; use a
+    constant global batch (`distribute_elastic_dataset`) and
+    `tf.nn.compute_average_loss(..., global_batch_size=...)` so that nothing
+    traced depends on the world size.
+    """
+
+    def __init__(self, min_nodes: int | None = None, max_nodes: int | None = None,
+                 communication_options: collective_util.Options | None = None):
+        from tensorflow_elastic import runtime
+
+        if communication_options is None:
+            communication_options = collective_util.Options(
+                timeout_seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
+        elastic = runtime.ensure_initialized(min_nodes=min_nodes, max_nodes=max_nodes)
+        node_id, members, generation = elastic.initial_cluster()
+        extended = ElasticExtended(self, node_id, members, generation, communication_options)
+        distribute_lib.Strategy.__init__(self, extended)
+        self._elastic_runtime = elastic
+        elastic.attach_strategy(self)
+
+    @property
+    def generation(self) -> int:
+        return self.extended.generation
+
+    @property
+    def node_id(self) -> int:
+        return self.extended.node_id
