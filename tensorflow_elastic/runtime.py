@@ -90,6 +90,9 @@ class ElasticRuntime:
             logger.info("node %d registered; joins when training starts", self.client.node_id)
         else:
             self._join()
+        from tensorflow_elastic.strategy import cluster
+
+        cluster.configure(self.node_id)
         if threading.current_thread() is threading.main_thread():
             # A preemption notice: finish the step, commit, leave; nobody rolls back.
             signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())

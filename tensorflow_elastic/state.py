@@ -103,7 +103,7 @@ class TensorFlowState(State):
 
         @tf.function(autograph=False)
         def snapshot():
-            return [tf.identity(v.read_value()) for v in variables]
+            return [tf.identity(v) for v in variables]
 
         @tf.function(autograph=False)
         def assign(values):
@@ -128,7 +128,7 @@ class TensorFlowState(State):
         variables = self._all_variables()
         if variables:
             rt = runtime_lib.current()
-            values = _broadcast_from_chief([v.read_value() for v in variables],
+            values = _broadcast_from_chief([tf.convert_to_tensor(v) for v in variables],
                                            rt.node_id == rt.membership.chief_id)
             self._assign(values)
             self._saved = self._snapshot()
@@ -142,7 +142,8 @@ class KerasState(TensorFlowState):
         object.__setattr__(self, "_optimizer", optimizer)
         if optimizer is not None and not getattr(optimizer, "built", True):
             # Slots must exist on every member before the first sync.
-            optimizer.build(model.trainable_variables)
+            with runtime_lib.current().strategy.scope():
+                optimizer.build(model.trainable_variables)
         super().__init__(variables=(), **values)
 
     def _all_variables(self) -> list[tf.Variable]:

@@ -41,12 +41,26 @@ def server_def(members: Mapping[int, str], node_id: int,
                                            protocol="grpc", default_session_config=session_config)
 
 
+def configure(node_id: int) -> None:
+    """Prepares TensorFlow for collectives; must run before the first TensorFlow op.
+
+    The leader given here is provisional: each ServerDef names the real one.
+    """
+    try:
+        context.context().configure_collective_ops(
+            collective_leader=task_device(node_id),
+            scoped_allocator_enabled_ops=("CollectiveReduce",),
+            device_filters=(task_device(node_id),))
+    except RuntimeError as e:
+        raise RuntimeError(
+            "TensorFlow ran an op before tensorflow_elastic.init(); call init() (or create the "
+            "ElasticMultiWorkerMirroredStrategy) at the start of the program, before building "
+            "datasets or tensors") from e
+
+
 def start(members: Mapping[int, str], node_id: int) -> None:
     """Starts this process's server for its first generation (or its standby cluster of one)."""
     ctx = context.context()
-    ctx.configure_collective_ops(collective_leader=leader(members),
-                                 scoped_allocator_enabled_ops=("CollectiveReduce",),
-                                 device_filters=(task_device(node_id),))
     ctx.enable_collective_ops(server_def(members, node_id))
     ctx.ensure_initialized()
 

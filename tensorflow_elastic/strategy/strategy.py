@@ -17,6 +17,7 @@ from tensorflow.python.distribute import mirrored_strategy, numpy_dataset, reduc
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
 from tensorflow.python.training import server_lib
+from tensorflow.python.util import nest
 
 from tensorflow_elastic.strategy import cluster, collectives
 
@@ -142,6 +143,27 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
         distribute_lib.Strategy.__init__(self, extended)
         self._elastic_runtime = elastic
         elastic.attach_strategy(self)
+
+    def reduce(self, reduce_op, value, axis):
+        """`Strategy.reduce` that also takes nested structures and scalars with an axis.
+
+        Keras 3's TensorFlow trainer reduces a whole (x, y) batch in one call
+        and its scalar logs with `axis=0`; the stock strategy rejects both
+        ("Attempt to convert a value (PerReplica...)"), so `model.fit` fails
+        under MultiWorkerMirroredStrategy. Each leaf is reduced on its own, and
+        a scalar has no axis to reduce along.
+        """
+        parent = super()
+
+        def reduce_leaf(leaf):
+            leaf_axis = axis
+            if leaf_axis is not None:
+                local = self.experimental_local_results(leaf)[0]
+                if getattr(local, "shape", None) is not None and local.shape.rank == 0:
+                    leaf_axis = None
+            return parent.reduce(reduce_op, leaf, leaf_axis)
+
+        return nest.map_structure(reduce_leaf, value)
 
     @property
     def generation(self) -> int:
