@@ -34,12 +34,18 @@ _LAZY = {
 }
 
 
+# Submodules reachable as attributes (tfe.keras.fit_elastic) without an import of their own.
+_SUBMODULES = ("data", "keras", "ops")
+
+
 def __getattr__(name: str):
+    import importlib
+
+    if name in _SUBMODULES:
+        return importlib.import_module(f"tensorflow_elastic.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tensorflow_elastic' has no attribute '{name}'")
-    import importlib
-
     return getattr(importlib.import_module(module), name)
 
 

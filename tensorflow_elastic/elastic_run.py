@@ -47,6 +47,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 rt.events.record(events.STATE_RESTORED, node=rt.node_id, generation=rt.generation,
                                  commits=state.commits)
             else:
+                rt.strategy.extended.agreement.drain()
                 rt.finish()
                 return result
             if state.commits == commits_before:

@@ -20,6 +20,7 @@ from tensorflow.python.training import server_lib
 from tensorflow.python.util import nest
 
 from tensorflow_elastic.strategy import cluster, collectives
+from tensorflow_elastic.strategy.agreement import CommitAgreement
 
 # Long enough for a first step that builds kernels, short enough that a peer
 # nobody reported still ends in an error rather than a hang.
@@ -60,6 +61,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
             [self._worker_device], world, self._communication_options, self._collective_keys)
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
+        self.agreement = CommitAgreement(self._worker_device)
         self._set_members(members, self._generation)
 
     def _set_members(self, members: Mapping[int, str], generation: int) -> None:
@@ -70,6 +72,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._is_chief = self._node_id == ordered[0]
         self._id_in_cluster = ordered.index(self._node_id)
         self._cluster_spec = server_lib.ClusterSpec({cluster.JOB_NAME: dict(members)})
+        self.agreement.regroup(generation, len(ordered))
 
     def regroup(self, members: Mapping[int, str], generation: int) -> None:
         """Moves this process to generation `generation` with `members`; all members call it."""

@@ -1,0 +1,252 @@
+"""Recovery benchmark of the in-process elastic strategy, on one machine, side by side.
+
+For each repeat it runs, with --workers local worker processes on 127.0.0.1:
+
+* steady state: stock MultiWorkerMirroredStrategy, then the elastic strategy
+  (a commit every step), same model and data: the ratio of median step times;
+* crash: SIGKILL to one worker; time to the first step of the new generation
+  on the survivors, and steps lost (redone);
+* growth: start with workers-1, add one; the longest step gap on existing members;
+* leave: SIGTERM to one worker; the longest step gap on the survivors.
+
+Prints progress, then a table, and as its last line the JSON summary:
+{"overhead_ratio", "recovery_s_median", "growth_pause_s_median",
+ "leave_pause_s_median", "lost_steps_max"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WORKER = os.path.join(HERE, "recovery_worker.py")
+WAIT_S = 180.0
+
+sys.path.insert(0, REPO)
+from tensorflow_elastic.events import STATE_RESTORED, read_events  # noqa: E402
+
+
+def _env(extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Process:
+    """A child process whose JSON stdout lines are collected with their arrival order."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env, cwd=REPO)
+        self.records: list[dict] = []
+        self.lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+            if line.startswith("{"):
+                self.records.append(json.loads(line))
+
+    def wait_for(self, predicate, what: str, timeout: float = WAIT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out waiting for {what}")
+            if self.proc.poll() is not None and not predicate():
+                raise RuntimeError(f"process exited ({self.proc.returncode}) before {what}")
+            time.sleep(0.02)
+
+    def last_step(self) -> int:
+        return self.records[-1]["step"] if self.records else 0
+
+    def stop(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+class Orchestrator(Process):
+    def __init__(self):
+        super().__init__([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host",
+                          "127.0.0.1", "--port", "0", "--last_call", "0.5",
+                          "--heartbeat_timeout", "5"], _env({}))
+        deadline = time.monotonic() + 60
+        while True:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            if line.startswith("listening on "):
+                self.endpoint = line.split()[-1]
+                return
+
+
+def elastic_workers(orchestrator: Orchestrator, count: int, run_id: str, steps: int,
+                    min_nodes: int, max_nodes: int, events_file: str) -> list[Process]:
+    env = _env({"TFE_RDZV_ENDPOINT": orchestrator.endpoint, "TFE_RUN_ID": run_id,
+                "TFE_MIN_NODES": str(min_nodes), "TFE_MAX_NODES": str(max_nodes),
+                "TFE_EVENTS_FILE": events_file})
+    return [Process([sys.executable, WORKER, "--mode", "elastic", "--steps", str(steps)], env)
+            for _ in range(count)]
+
+
+def step_gaps(records: list[dict], since: float) -> list[float]:
+    times = [r["t"] for r in records if r["t"] >= since]
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def median_step_s(records: list[dict], skip: int = 30) -> float:
+    times = [r["t"] for r in records][skip:]
+    return statistics.median(b - a for a, b in zip(times, times[1:]))
+
+
+def steady_state(workers: int, steps: int, tmp: str) -> tuple[float, float]:
+    """Median step time of stock MWMS and of the elastic strategy, run one after the other."""
+    ports = [_free_port() for _ in range(workers)]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    stock = [Process([sys.executable, WORKER, "--mode", "mwms", "--steps", str(steps)],
+                     _env({"TF_CONFIG": json.dumps({"cluster": cluster,
+                                                    "task": {"type": "worker", "index": i}})}))
+             for i in range(workers)]
+    for p in stock:
+        p.wait_for(lambda p=p: p.proc.poll() is not None, "stock MWMS to finish")
+    stock_s = median_step_s(stock[0].records)
+    orchestrator = Orchestrator()
+    try:
+        elastic = elastic_workers(orchestrator, workers, "steady", steps, workers, workers,
+                                  os.path.join(tmp, "steady.jsonl"))
+        for p in elastic:
+            p.wait_for(lambda p=p: p.proc.poll() is not None, "elastic workers to finish")
+        elastic_s = median_step_s(elastic[0].records)
+    finally:
+        orchestrator.stop()
+    return stock_s, elastic_s
+
+
+def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
+    """One crash, growth or leave scenario; returns its measurements."""
+    orchestrator = Orchestrator()
+    events_file = os.path.join(tmp, f"{kind}-{repeat}.jsonl")
+    initial = workers - 1 if kind == "growth" else workers
+    group = elastic_workers(orchestrator, initial, f"{kind}{repeat}", 100_000,
+                            min(initial, 2), workers, events_file)
+    try:
+        for p in group:
+            p.wait_for(lambda p=p: p.last_step() >= 40, "warm-up steps")
+        if kind == "growth":
+            t0 = time.time()
+            group += elastic_workers(orchestrator, 1, f"{kind}{repeat}", 100_000, 2, workers,
+                                     events_file)
+            existing = group[:-1]
+            newcomer = group[-1]
+            newcomer.wait_for(lambda: newcomer.last_step() > 0, "the newcomer's first step")
+            target_step = max(p.last_step() for p in existing) + 20
+            for p in existing:
+                p.wait_for(lambda p=p: p.last_step() >= target_step, "steps after the growth")
+            pause = max(max(step_gaps(p.records, t0)) for p in existing)
+            return {"pause_s": pause, "lost_steps": _lost_steps(existing, events_file)}
+        victim = group[-1]
+        survivors = group[:-1]
+        before = max(p.last_step() for p in survivors)
+        t0 = time.time()
+        victim.stop(signal.SIGKILL if kind == "crash" else signal.SIGTERM)
+        for p in survivors:
+            p.wait_for(lambda p=p: any(r["generation"] > 1 for r in p.records),
+                       "a step of the new generation")
+            p.wait_for(lambda p=p: p.last_step() >= before + 20, "steps after the change")
+        first_new = min(r["t"] for p in survivors for r in p.records if r["generation"] > 1)
+        pause = max(max(step_gaps(p.records, t0)) for p in survivors)
+        return {"recovery_s": first_new - t0, "pause_s": pause,
+                "lost_steps": _lost_steps(survivors, events_file)}
+    finally:
+        for p in group:
+            p.stop()
+        orchestrator.stop()
+
+
+def _lost_steps(workers: list[Process], events_file: str) -> int:
+    """Steps whose work was thrown away: completed steps done again after a rollback,
+    plus the step in flight when a rollback (a state_restored event) happened."""
+    redone = 0
+    for p in workers:
+        steps = [r["step"] for r in p.records]
+        for before, after in zip(steps, steps[1:]):
+            if after <= before:
+                redone = max(redone, before - after + 1)
+    rolled_back = any(read_events(events_file, event=STATE_RESTORED)) \
+        if os.path.exists(events_file) else False
+    return redone + (1 if rolled_back else 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each scenario (default 5)")
+    parser.add_argument("--steps", type=int, default=400, help="steps of the steady-state runs")
+    args = parser.parse_args(argv)
+    if args.workers < 2:
+        parser.error("--workers must be at least 2")
+    results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "crash": [],
+                                "growth": [], "leave": []}
+    with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
+        for repeat in range(args.repeats):
+            stock_s, elastic_s = steady_state(args.workers, args.steps, tmp)
+            results["stock_s"].append(stock_s)
+            results["elastic_s"].append(elastic_s)
+            results["ratio"].append(elastic_s / stock_s)
+            print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
+                  f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {elastic_s / stock_s:.3f}",
+                  flush=True)
+            for kind in ("crash", "growth", "leave"):
+                r = disruption(kind, args.workers, tmp, repeat)
+                results[kind].append(r)
+                print(f"[{repeat + 1}/{args.repeats}] {kind}: " +
+                      ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                                for k, v in r.items()), flush=True)
+    med = statistics.median
+    summary = {
+        "overhead_ratio": round(med(results["ratio"]), 4),
+        "recovery_s_median": round(med(r["recovery_s"] for r in results["crash"]), 4),
+        "growth_pause_s_median": round(med(r["pause_s"] for r in results["growth"]), 4),
+        "leave_pause_s_median": round(med(r["pause_s"] for r in results["leave"]), 4),
+        "lost_steps_max": max(r["lost_steps"] for kind in ("crash", "growth", "leave")
+                              for r in results[kind]),
+        "lost_steps_max_growth_leave": max(r["lost_steps"] for kind in ("growth", "leave")
+                                           for r in results[kind]),
+    }
+    print(f"\n{'metric':<28}{'median':>10}{'min':>10}{'max':>10}")
+    rows = [("stock MWMS step (ms)", [x * 1e3 for x in results["stock_s"]]),
+            ("elastic step (ms)", [x * 1e3 for x in results["elastic_s"]]),
+            ("overhead ratio", results["ratio"]),
+            ("crash recovery (s)", [r["recovery_s"] for r in results["crash"]]),
+            ("growth pause (s)", [r["pause_s"] for r in results["growth"]]),
+            ("leave pause (s)", [r["pause_s"] for r in results["leave"]])]
+    for name, values in rows:
+        print(f"{name:<28}{med(values):>10.3f}{min(values):>10.3f}{max(values):>10.3f}")
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

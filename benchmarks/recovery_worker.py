@@ -1,0 +1,101 @@
+"""The worker of benchmarks/recovery.py: a small MLP trained in a custom loop.
+
+--mode elastic: ElasticMultiWorkerMirroredStrategy, a commit every step, tfe.run.
+--mode mwms: stock MultiWorkerMirroredStrategy from TF_CONFIG (the baseline).
+Both run the same step function on the same data and print one JSON line per
+step: {"t": unix time, "step", "node", "generation", "world"}.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+parser = argparse.ArgumentParser(description=__doc__)
+parser.add_argument("--mode", choices=["elastic", "mwms"], required=True)
+parser.add_argument("--steps", type=int, default=300)
+parser.add_argument("--global_batch", type=int, default=48)
+args = parser.parse_args()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tensorflow_elastic as tfe  # noqa: E402
+from tensorflow_elastic import ops  # noqa: E402
+
+if args.mode == "elastic":
+    runtime = tfe.init()
+    strategy = tfe.ElasticMultiWorkerMirroredStrategy()
+else:
+    runtime = None
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+rng = np.random.RandomState(0)
+features = tf.constant(rng.randn(8192, 32).astype(np.float32))
+targets = tf.constant((rng.randn(8192, 1) > 0).astype(np.float32))
+with strategy.scope():
+    layers = [tf.Variable(rng.randn(32, 64).astype(np.float32) * 0.1), tf.Variable(tf.zeros([64])),
+              tf.Variable(rng.randn(64, 64).astype(np.float32) * 0.1), tf.Variable(tf.zeros([64])),
+              tf.Variable(rng.randn(64, 1).astype(np.float32) * 0.1), tf.Variable(tf.zeros([1]))]
+world = tf.Variable(1, dtype=tf.int64)
+rank = tf.Variable(0, dtype=tf.int64)
+
+
+def model(x):
+    h = tf.nn.relu(x @ layers[0] + layers[1])
+    h = tf.nn.relu(h @ layers[2] + layers[3])
+    return h @ layers[4] + layers[5]
+
+
+@tf.function
+def train_step(step):
+    start, size = ops.global_batch_slice(step, args.global_batch, world, rank)
+    index = tf.range(start, start + size) % features.shape[0]
+    x, y = tf.gather(features, index), tf.gather(targets, index)
+
+    def replica_step(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(y, logits)) / args.global_batch
+        grads = tf.distribute.get_replica_context().all_reduce("SUM", tape.gradient(loss, layers))
+        for v, g in zip(layers, grads):
+            v.assign_sub(0.1 * g)
+        return loss
+
+    return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
+
+
+def report(step, node, generation, world_size):
+    print(json.dumps({"t": time.time(), "step": step, "node": node, "generation": generation,
+                      "world": world_size}), flush=True)
+
+
+if args.mode == "mwms":
+    task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    size = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
+    world.assign(size)
+    rank.assign(task)
+    for step in range(args.steps):
+        train_step(tf.constant(step, tf.int64))
+        report(step + 1, task, 1, size)
+else:
+    def follow_membership():
+        world.assign(runtime.membership.world_size)
+        rank.assign(runtime.membership.rank)
+
+    state = tfe.TensorFlowState(layers, step=0)
+    state.register_reset_callbacks([follow_membership])
+
+    @tfe.run
+    def train(state):
+        follow_membership()
+        while state.step < args.steps:
+            train_step(tf.constant(state.step, tf.int64))
+            state.step += 1
+            report(state.step, runtime.node_id, runtime.generation, runtime.membership.world_size)
+            state.commit()
+
+    train(state)
+sys.stdout.flush()
+os._exit(0)
