@@ -42,13 +42,14 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV" || fail "could not create $VENV (on Debian: apt-get install python3-venv)"
   echo "created $VENV"
 fi
-REQ_HASH=$(hash_of requirements.txt)
+REQ_HASH=$(hash_of requirements.txt requirements-nodeps.txt)
 if unchanged requirements "$REQ_HASH"; then
   echo "pinned dependencies already installed"
 else
   echo "installing the pinned dependencies of requirements.txt (TensorFlow is large: a few minutes on a cold cache)"
   pip_quiet install -q --upgrade pip
   pip_quiet install -q --progress-bar off -r requirements.txt
+  pip_quiet install -q --progress-bar off --no-deps -r requirements-nodeps.txt
   stamp requirements "$REQ_HASH"
 fi
 
@@ -105,7 +106,7 @@ step "Build artefacts in the source tree (tests and \`python -m\` from a checkou
 install -m 755 bazel-bin/tensorflow_elastic/_ops.so tensorflow_elastic/_ops.so
 "$VENV/bin/python" tools/gen_protos.py --out . | sed 's/^/generated /'
 
-(cd / && "$VENV/bin/python" -c 'import os, tensorflow_elastic; from tensorflow_elastic import ops
+(cd / && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import os, tensorflow_elastic; from tensorflow_elastic import ops
 assert "site-packages" in tensorflow_elastic.__file__ and os.path.exists(ops.LIBRARY_PATH), tensorflow_elastic.__file__') \
   || fail "the installed package does not import; see the error above"
 echo

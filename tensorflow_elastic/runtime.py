@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from tensorflow_elastic import events
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client
-from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN, GenerationChangedError, RendezvousError
+from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
+                                                  RendezvousError, RunFailedError)
 
 if TYPE_CHECKING:
     from tensorflow_elastic.strategy.strategy import ElasticMultiWorkerMirroredStrategy
@@ -120,36 +121,46 @@ class ElasticRuntime:
         self.strategy = strategy
 
     def _join(self) -> None:
-        self._reforming.set()
+        """Blocks until this node is a member of a generation newer than its last one."""
         try:
             self.membership = self.client.join(self.address, self.min_nodes, self.max_nodes,
                                                timeout=self.join_timeout)
-        finally:
-            self._reforming.clear()
+        except RunFailedError as e:
+            raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
         self._unplanned_change.clear()
+        if self.standby or self.strategy is None:
+            self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
+                               generation=self.membership.generation,
+                               members=sorted(self.membership.members),
+                               world_size=self.membership.world_size)
         self.standby = False
-        self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
-                           generation=self.membership.generation,
-                           members=sorted(self.membership.members),
-                           world_size=self.membership.world_size)
 
     # ----------------------------------------------------------- re-forming
 
     def enter_training(self) -> None:
         """A standby node joins now (blocking until the members admit it at a commit)."""
         if self.standby:
-            self._join()
-            self._regroup()
+            self.reform()
 
     def reform(self) -> None:
-        """Moves to the next generation with the members still there; every member calls it."""
+        """Moves to the next generation with the members still there; every member calls it.
+
+        The membership may move on while members gather (a leaver's departure
+        lands after the others re-joined, a second failure): then the barrier
+        fails with GenerationChangedError and the node follows to the newer one.
+        """
         self._reforming.set()
         try:
-            self.membership = self.client.join(timeout=self.join_timeout)
+            while True:
+                self._join()
+                try:
+                    self._regroup()
+                    return
+                except GenerationChangedError:
+                    logger.info("generation %d ended while forming; joining the next one",
+                                self.generation)
         finally:
             self._reforming.clear()
-        self._unplanned_change.clear()
-        self._regroup()
 
     def _regroup(self) -> None:
         membership = self.membership

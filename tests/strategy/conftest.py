@@ -14,19 +14,19 @@ from typing import Callable, Iterator
 
 import pytest
 
-WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_worker.py")
+HERE = os.path.dirname(os.path.abspath(__file__))
 STEP_TIMEOUT_S = 120.0
 
 
 class Worker:
     """One worker process; its JSON lines (one per committed step) are collected as they come."""
 
-    def __init__(self, endpoint: str, run_id: str, min_nodes: int, max_nodes: int, steps: int,
-                 step_sleep: float, events_file: str, env: dict[str, str]):
+    def __init__(self, endpoint: str, run_id: str, min_nodes: int, max_nodes: int,
+                 script: str, args: list[str], events_file: str, env: dict[str, str]):
         env = dict(env, TFE_RDZV_ENDPOINT=endpoint, TFE_RUN_ID=run_id,
                    TFE_MIN_NODES=str(min_nodes), TFE_MAX_NODES=str(max_nodes),
                    TFE_EVENTS_FILE=events_file, TF_CPP_MIN_LOG_LEVEL="2")
-        self.proc = subprocess.Popen([sys.executable, WORKER_SCRIPT, str(steps), str(step_sleep)],
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, script), *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=env)
         self.records: list[dict] = []
@@ -91,9 +91,13 @@ def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worke
     started: list[Worker] = []
 
     def start(endpoint: str, count: int, min_nodes: int, max_nodes: int, steps: int = 60,
-              step_sleep: float = 0.05, run_id: str = "job") -> list[Worker]:
-        workers = [Worker(endpoint, run_id, min_nodes, max_nodes, steps, step_sleep,
-                          str(tmp_path / "events.jsonl"), subprocess_env) for _ in range(count)]
+              step_sleep: float = 0.05, run_id: str = "job", script: str = "elastic_worker.py",
+              args: list[str] | None = None, env: dict[str, str] | None = None) -> list[Worker]:
+        """`count` workers of `script` (default: the custom loop with `steps`, `step_sleep`)."""
+        args = [str(steps), str(step_sleep)] if args is None else args
+        workers = [Worker(endpoint, run_id, min_nodes, max_nodes, script, args,
+                          str(tmp_path / "events.jsonl"), dict(subprocess_env, **(env or {})))
+                   for _ in range(count)]
         started.extend(workers)
         return workers
 

@@ -1,4 +1,6 @@
-"""A worker of the Keras tests: Keras 3 `model.fit` under the elastic strategy.
+"""A worker of the Keras tests: `model.fit` under the elastic strategy.
+
+`tf.keras` is Keras 3, or tf-keras when TF_USE_LEGACY_KERAS=1.
 
 Prints a JSON line per committed batch and a final {"done": ...} line with the
 weights, like elastic_worker.py. argv: epochs, steps per epoch, sleep per batch.
@@ -9,7 +11,6 @@ import os
 import sys
 import time
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -26,6 +27,7 @@ labels = (features.sum(axis=1) > 0).astype(np.int32)
 
 runtime = tfe.init()
 strategy = tfe.ElasticMultiWorkerMirroredStrategy()
+keras = tf.keras
 dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(24)
 with strategy.scope():
     model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(32, activation="relu"),

@@ -20,7 +20,7 @@ def _read(tmp_path, event):
     return list(events.read_events(str(tmp_path / "events.jsonl"), event=event))
 
 
-def _check_finished_together(workers, steps=STEPS):
+def _check_finished_together(workers, steps=STEPS, loss_factor=100):
     results = []
     for w in workers:
         assert w.wait() == 0, w.log_tail()
@@ -30,7 +30,7 @@ def _check_finished_together(workers, steps=STEPS):
     assert all(r == results[0] for r in results), "members disagree on the final variables"
     for w in workers:
         losses = [r["loss"] for r in w.steps]
-        assert losses[-1] < losses[0] / 100, losses
+        assert losses[-1] < losses[0] / loss_factor, losses
 
 
 def _node(workers, node_id):
@@ -75,3 +75,71 @@ def test_sigterm_leaves_at_a_step_boundary_without_rollback(orchestrator, start_
     for w in survivors:
         steps = [r["step"] for r in w.steps]
         assert steps == sorted(set(steps)), "a step was redone: the leave rolled back work"
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.3], ids=["at_once", "during_reform"])
+def test_two_members_lost(orchestrator, start_workers, tmp_path, delay):
+    workers = start_workers(orchestrator.endpoint, 4, min_nodes=2, max_nodes=4, steps=STEPS)
+    for w in workers:
+        w.wait_for_step(10)
+    by_id = sorted(workers, key=lambda w: w.node_id)
+    victims = [by_id[0], by_id[2]]  # the chief and another member
+    victims[0].signal(signal.SIGKILL)
+    if delay:
+        import time
+
+        time.sleep(delay)
+    victims[1].signal(signal.SIGKILL)
+    survivors = [w for w in workers if w not in victims]
+    _check_finished_together(survivors)
+    assert all(w.steps[-1]["world"] == 2 for w in survivors)
+
+
+def test_below_min_nodes_fails_clearly(start_orchestrator, start_workers, tmp_path):
+    orchestrator = start_orchestrator("--below_min_timeout", "2")
+    workers = start_workers(orchestrator.endpoint, 2, min_nodes=2, max_nodes=2, steps=10_000)
+    for w in workers:
+        w.wait_for_step(5)
+    workers[0].signal(signal.SIGKILL)
+    survivor = workers[1]
+    assert survivor.wait() != 0
+    assert "ElasticJobFailed" in survivor.log_tail()
+    assert "min_nodes" in survivor.log_tail() or "below" in survivor.log_tail()
+
+
+@pytest.mark.parametrize("legacy_keras", [False, True], ids=["keras3", "tf_keras"])
+def test_keras_fit_survives_the_chief_crash(orchestrator, start_workers, tmp_path, legacy_keras):
+    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3,
+                            script="keras_worker.py", args=["3", "20", "0.02"],
+                            env={"TF_USE_LEGACY_KERAS": "1" if legacy_keras else "0"})
+    for w in workers:
+        w.wait_for_step(25)
+    chief = _node(workers, min(w.node_id for w in workers))
+    chief.signal(signal.SIGKILL)
+    survivors = [w for w in workers if w is not chief]
+    _check_finished_together(survivors, steps=60, loss_factor=1.5)
+    assert all(w.steps[-1]["world"] == 2 for w in survivors)
+
+
+def test_grow_then_shrink(orchestrator, start_workers, tmp_path):
+    """2 -> 3 workers (a newcomer joins mid-run), then one member is killed: 3 -> 2."""
+    first = start_workers(orchestrator.endpoint, 2, min_nodes=2, max_nodes=3, steps=STEPS * 2)
+    for w in first:
+        w.wait_for_step(10)
+    newcomer = start_workers(orchestrator.endpoint, 1, min_nodes=2, max_nodes=3,
+                             steps=STEPS * 2)[0]
+    newcomer.wait_for_step(1)
+    joined_at = newcomer.steps[0]["step"]
+    assert newcomer.steps[0]["world"] == 3
+    assert _read(tmp_path, events.STATE_RESTORED) == []  # growth rolls nothing back
+    for w in first:
+        assert [r["step"] for r in w.steps] == list(range(1, len(w.steps) + 1))
+    victim = first[0]
+    victim.wait_for_step(joined_at + 5)
+    victim.signal(signal.SIGKILL)
+    survivors = [first[1], newcomer]
+    _check_finished_together(survivors, steps=STEPS * 2)
+    assert all(w.steps[-1]["world"] == 2 for w in survivors)
+    worlds = [e["world_size"] for e in _read(tmp_path, events.GENERATION_START)
+              if e["node"] == first[1].node_id]
+    assert worlds == [3, 2]

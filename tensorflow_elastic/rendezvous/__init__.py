@@ -1,0 +1,24 @@
+"""The orchestrator: the membership service of elastic runs, and its client.
+
+>>> from tensorflow_elastic.rendezvous import Client, Orchestrator
+>>> with Orchestrator("127.0.0.1", 0) as server:          # embedded, as --standalone does
+...     c = Client(server.endpoint, run_id="job")
+...     m = c.join(address="127.0.0.1:5000", min_nodes=1, max_nodes=2, timeout=60)
+
+See docs/orchestrator.md for the protocol.
+"""
+
+from tensorflow_elastic.rendezvous.client import Client
+from tensorflow_elastic.rendezvous.errors import (
+    BlocklistedError, GenerationChangedError, InvalidArgumentError, NodeRemovedError,
+    RendezvousError, RendezvousTimeoutError, RunFailedError)
+from tensorflow_elastic.rendezvous.run import RunSettings
+from tensorflow_elastic.rendezvous.server import Orchestrator
+from tensorflow_elastic.rendezvous.types import (
+    HeartbeatInfo, Membership, MembershipUpdate, RunStatus)
+
+__all__ = [
+    "BlocklistedError", "Client", "GenerationChangedError", "HeartbeatInfo",
+    "InvalidArgumentError", "Membership", "MembershipUpdate", "NodeRemovedError", "Orchestrator",
+    "RendezvousError", "RendezvousTimeoutError", "RunFailedError", "RunSettings", "RunStatus",
+]

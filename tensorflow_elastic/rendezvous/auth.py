@@ -1,0 +1,81 @@
+"""Shared-token authentication and TLS for the orchestrator and its clients.
+
+With a token configured, every call must carry ``authorization: Bearer
+<token>``; anything else gets UNAUTHENTICATED with a fixed message, before any
+handler runs, so a caller without the token learns nothing about the runs. The
+standard health service stays open so that probes (load balancers, Kubernetes)
+work without secrets; it reveals only SERVING.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Awaitable, Callable
+
+import grpc
+
+TOKEN_ENV = "TFE_RDZV_TOKEN"
+_HEADER = "authorization"
+_OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+
+
+def load_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | None:
+    """The token from ``token_file`` (first line), else from the environment, else None."""
+    if token_file:
+        with open(token_file, encoding="utf-8") as f:
+            token = f.readline().strip()
+        if not token:
+            raise ValueError(f"token file {token_file} is empty; put the shared token on its "
+                             f"first line")
+        return token
+    return os.environ.get(env) or None
+
+
+def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Call metadata a client sends with every call."""
+    return ((_HEADER, f"Bearer {token}"),) if token else ()
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls whose token does not match, in constant time."""
+
+    def __init__(self, token: str):
+        self._expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+            self, continuation: Callable[[grpc.HandlerCallDetails],
+                                         Awaitable[grpc.RpcMethodHandler]],
+            handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if handler_call_details.method.startswith(_OPEN_SERVICES):
+            return await continuation(handler_call_details)
+        presented = dict(handler_call_details.invocation_metadata or ()).get(_HEADER, "")
+        if hmac.compare_digest(str(presented).encode(), self._expected):
+            return await continuation(handler_call_details)
+        return _REJECT
+
+
+async def _reject(request: object, context: grpc.aio.ServicerContext) -> None:
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                        "missing or wrong token: pass the orchestrator's shared token")
+
+
+# Raw bytes in and nothing out: the call is refused before its request is parsed.
+_REJECT = grpc.unary_unary_rpc_method_handler(_reject)
+
+
+def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:
+    with open(cert_file, "rb") as f:
+        cert = f.read()
+    with open(key_file, "rb") as f:
+        key = f.read()
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+def channel_credentials(ca_file: str | None) -> grpc.ChannelCredentials:
+    """TLS credentials trusting ``ca_file`` (e.g. a self-signed server cert), else system roots."""
+    root = None
+    if ca_file:
+        with open(ca_file, "rb") as f:
+            root = f.read()
+    return grpc.ssl_channel_credentials(root_certificates=root)

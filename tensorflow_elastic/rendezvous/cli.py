@@ -1,0 +1,129 @@
+"""``tfelastic-orchestrator``: runs the membership service of elastic runs on its own."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import signal
+import sys
+import threading
+
+from tensorflow_elastic.events import EVENTS_FILE_ENV
+from tensorflow_elastic.rendezvous import auth
+from tensorflow_elastic.rendezvous.run import RunSettings
+from tensorflow_elastic.rendezvous.server import Orchestrator
+
+DEFAULT_PORT = 29400
+
+_DESCRIPTION = """\
+Serves the membership of elastic runs: nodes join and get permanent ids and
+numbered generations of members; heartbeats find silent nodes; barriers and
+small exchanges help members start a generation. Prints `listening on
+HOST:PORT` once ready. Point every node at it with --rdzv_endpoint HOST:PORT.
+"""
+
+_EPILOG = """\
+State: with --state_dir, membership is saved on every change, so the
+orchestrator can be killed and restarted on the same port and the runs go on.
+Security: with --token_file (or $TFE_RDZV_TOKEN) every call must carry the
+token; with --tls_cert/--tls_key the traffic is encrypted. Without a token,
+anyone who can reach the port can join or remove nodes: bind to a private
+address. See docs/orchestrator.md.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = RunSettings()
+    p = argparse.ArgumentParser(prog="tfelastic-orchestrator", description=_DESCRIPTION,
+                                epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", default="0.0.0.0",
+                   help="address to listen on (default: %(default)s, every interface)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help="port to listen on; 0 picks a free one (default: %(default)s)")
+    p.add_argument("--state_dir", help="directory to keep run state in across restarts "
+                   "(default: memory only)")
+    p.add_argument("--token_file", help="file whose first line is the shared token every call "
+                   f"must carry (default: ${auth.TOKEN_ENV} if set, else no token)")
+    p.add_argument("--tls_cert", help="PEM certificate chain; enables TLS (needs --tls_key)")
+    p.add_argument("--tls_key", help="PEM private key of --tls_cert")
+    p.add_argument("--heartbeat_timeout", type=float, default=defaults.heartbeat_timeout,
+                   help="seconds without a heartbeat before a node is declared failed and the "
+                   "next generation forms (default: %(default)s)")
+    p.add_argument("--last_call", type=float, default=defaults.last_call,
+                   help="seconds to wait for more nodes once min_nodes have joined, before the "
+                   "generation forms; max_nodes forms at once (default: %(default)s)")
+    p.add_argument("--below_min_timeout", type=float, default=defaults.below_min_timeout,
+                   help="seconds a run below min_nodes after failures waits for nodes to come "
+                   "back before it fails for every member (default: %(default)s)")
+    p.add_argument("--probe_timeout", type=float, default=defaults.probe_timeout,
+                   help="seconds to try to connect to a reported peer's address before it is "
+                   "confirmed failed (default: %(default)s)")
+    p.add_argument("--blocklist_after", type=int, default=defaults.blocklist_after,
+                   help="failures of one address before it is blocked (default: %(default)s)")
+    p.add_argument("--blocklist_cooldown", type=float, default=defaults.blocklist_cooldown,
+                   help="seconds the first block lasts; each further failure doubles it "
+                   "(default: %(default)s)")
+    p.add_argument("--blocklist_max_cooldown", type=float,
+                   default=defaults.blocklist_max_cooldown,
+                   help="longest block in seconds (default: %(default)s)")
+    p.add_argument("--max_value_bytes", type=int, default=defaults.max_value_bytes,
+                   help="largest value a node may put with Synchronize (default: %(default)s)")
+    p.add_argument("--metrics_port", type=int,
+                   help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 picks a port")
+    p.add_argument("--events_file", help=f"append events (JSON lines) here (default: "
+                   f"${EVENTS_FILE_ENV} if set)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls_cert and --tls_key go together")
+    for flag in ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "blocklist_cooldown",
+                 "blocklist_max_cooldown"):
+        if getattr(args, flag) <= 0:
+            parser.error(f"--{flag} must be > 0")
+    if args.last_call < 0:
+        parser.error("--last_call must be >= 0")
+    try:
+        token = auth.load_token(args.token_file)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
+    settings = RunSettings(
+        heartbeat_timeout=args.heartbeat_timeout, last_call=args.last_call,
+        below_min_timeout=args.below_min_timeout, probe_timeout=args.probe_timeout,
+        blocklist_after=args.blocklist_after, blocklist_cooldown=args.blocklist_cooldown,
+        blocklist_max_cooldown=args.blocklist_max_cooldown, max_value_bytes=args.max_value_bytes)
+    server = Orchestrator(args.host, args.port, state_dir=args.state_dir, token=token,
+                          tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          metrics_port=args.metrics_port, events_file=args.events_file,
+                          settings=settings)
+    try:
+        server.start()
+    except OSError as e:
+        print(f"tfelastic-orchestrator: {e}", file=sys.stderr)
+        return 1
+    if token is None and not _is_loopback(args.host):
+        print(f"warning: no token and listening on {args.host}: anyone who reaches the port can "
+              f"change membership; use --token_file", file=sys.stderr, flush=True)
+    if server.metrics_port is not None:
+        print(f"metrics on http://{args.host}:{server.metrics_port}/metrics", flush=True)
+    print(f"listening on {args.host}:{server.port}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1.0):
+        if not server.running:
+            print("tfelastic-orchestrator: the server stopped unexpectedly", file=sys.stderr)
+            return 1
+    server.stop()
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

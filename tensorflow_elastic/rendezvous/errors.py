@@ -1,0 +1,94 @@
+"""Errors of the membership service, shared by the server and the client.
+
+The server raises a :class:`RendezvousError` with a gRPC status code, a short
+machine-readable ``reason`` and a message that says what to do. The reason
+travels in the trailing metadata key ``tfe-reason`` so that the client can
+raise the same subclass again (a worker must tell "the generation changed,
+re-join" from "the run failed, give up" without parsing messages).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+REASON_METADATA_KEY = "tfe-reason"
+
+BAD_REQUEST = "bad_request"
+RUN_MISMATCH = "run_mismatch"
+UNKNOWN_RUN = "unknown_run"
+UNKNOWN_NODE = "unknown_node"
+NOT_MEMBER = "not_member"
+NODE_REMOVED = "node_removed"
+STALE_GENERATION = "stale_generation"
+RUN_FAILED = "run_failed"
+TIMEOUT = "timeout"
+BLOCKLISTED = "blocklisted"
+
+
+class RendezvousError(Exception):
+    """A call the orchestrator refused or could not complete."""
+
+    default_code = grpc.StatusCode.FAILED_PRECONDITION
+    default_reason = BAD_REQUEST
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None,
+                 reason: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.reason = reason or self.default_reason
+
+
+class InvalidArgumentError(RendezvousError):
+    """The request itself is malformed; fix the caller."""
+
+    default_code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class GenerationChangedError(RendezvousError):
+    """The caller's generation ended; re-join to get the new membership."""
+
+    default_reason = STALE_GENERATION
+
+
+class NodeRemovedError(RendezvousError):
+    """The node was removed from the run (failure or leave); join as a new node."""
+
+    default_reason = NODE_REMOVED
+
+
+class RunFailedError(RendezvousError):
+    """The run ended with an error; every member gets this and should stop."""
+
+    default_reason = RUN_FAILED
+
+
+class RendezvousTimeoutError(RendezvousError):
+    """A join, barrier or exchange did not complete in time; the message names who is missing."""
+
+    default_code = grpc.StatusCode.DEADLINE_EXCEEDED
+    default_reason = TIMEOUT
+
+
+class BlocklistedError(RendezvousError):
+    """The node's address failed repeatedly and is cooling down."""
+
+    default_reason = BLOCKLISTED
+
+
+_BY_REASON: dict[str, type[RendezvousError]] = {
+    STALE_GENERATION: GenerationChangedError,
+    NODE_REMOVED: NodeRemovedError,
+    RUN_FAILED: RunFailedError,
+    TIMEOUT: RendezvousTimeoutError,
+    BLOCKLISTED: BlocklistedError,
+}
+
+
+def error_from_status(code: grpc.StatusCode, message: str, reason: str | None) -> RendezvousError:
+    """Rebuilds on the client the error the server raised."""
+    if reason is None:
+        return RendezvousError(message, code=code, reason="")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return InvalidArgumentError(message, reason=reason)
+    return _BY_REASON.get(reason, RendezvousError)(message, code=code, reason=reason)

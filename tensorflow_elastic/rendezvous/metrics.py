@@ -1,0 +1,54 @@
+"""Prometheus metrics of the orchestrator.
+
+Each orchestrator owns its registry, so several can run in one process (the
+launcher embeds one; tests start many) without clashing on metric names.
+"""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+
+class Metrics:
+    """Members, generation, waiting nodes, rendezvous durations and RPC counts."""
+
+    def __init__(self) -> None:
+        self.registry = prom.CollectorRegistry()
+        self.members = prom.Gauge("tfelastic_members", "Members of the current generation.",
+                                  ["run_id"], registry=self.registry)
+        self.generation = prom.Gauge("tfelastic_generation", "Current generation number.",
+                                     ["run_id"], registry=self.registry)
+        self.waiting = prom.Gauge("tfelastic_waiting_nodes",
+                                  "Nodes waiting to be admitted to a generation.",
+                                  ["run_id"], registry=self.registry)
+        self.rendezvous = prom.Histogram(
+            "tfelastic_rendezvous_duration_seconds",
+            "From the end of a generation (or the first join) until every member of the next "
+            "one knows it.", ["run_id"], registry=self.registry,
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
+        self.rpcs = prom.Counter("tfelastic_rpcs", "RPCs served, by method and status code.",
+                                 ["method", "code"], registry=self.registry)
+        self._server = None
+
+    def membership_changed(self, run_id: str, generation: int, members: int,
+                           waiting: int) -> None:
+        self.members.labels(run_id).set(members)
+        self.generation.labels(run_id).set(generation)
+        self.waiting.labels(run_id).set(waiting)
+
+    def rendezvous_done(self, run_id: str, seconds: float) -> None:
+        self.rendezvous.labels(run_id).observe(seconds)
+
+    def rpc_done(self, method: str, code: str) -> None:
+        self.rpcs.labels(method, code).inc()
+
+    def serve(self, host: str, port: int) -> int:
+        """Serves /metrics over HTTP; returns the port (``port`` 0 picks a free one)."""
+        self._server, _ = prom.start_http_server(port, addr=host, registry=self.registry)
+        return self._server.server_address[1]
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None

@@ -1,0 +1,294 @@
+"""The gRPC servicer: checks requests, routes them to their run, turns results into protos.
+
+Requests are validated here, before they reach a run, so a bad request never
+changes state; errors become gRPC status codes with the ``tfe-reason``
+trailing metadata the client turns back into exception classes.
+
+When a generation forms, every member's join returns and every watcher gets
+an update, all carrying the same member map (1,000 members: ~25 KB). The map
+is serialized once per change and the replies are sent as bytes: a protobuf
+message followed by another field is that message with the field merged in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import grpc
+
+from tensorflow_elastic.events import EventLog
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.rendezvous.errors import (
+    REASON_METADATA_KEY, UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
+from tensorflow_elastic.rendezvous.metrics import Metrics
+from tensorflow_elastic.rendezvous.run import Run, RunSettings
+from tensorflow_elastic.rendezvous.store import MembershipStore
+from tensorflow_elastic.rendezvous.types import MembershipUpdate
+
+MAX_RUN_ID = 128
+MAX_NAME = 256
+MAX_REASON = 1024
+MAX_NODES = 100_000
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+_BARRIER = "barrier"
+_SYNC = "synchronize"
+
+
+def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Counts the call and turns a :class:`RendezvousError` into its status code."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    async def wrapper(self: "RendezvousService", request: Any,
+                      context: grpc.aio.ServicerContext) -> Any:
+        try:
+            response = await method(self, request, context)
+        except RendezvousError as e:
+            self._metrics.rpc_done(name, e.code.name)
+            await _abort(context, e)
+        self._metrics.rpc_done(name, "OK")
+        return response
+
+    return wrapper
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: RendezvousError) -> None:
+    await context.abort(error.code, error.message,
+                        trailing_metadata=((REASON_METADATA_KEY, error.reason),))
+
+
+class RendezvousService:
+    """Serves every run of this orchestrator; a run is created by its first join."""
+
+    def __init__(self, settings: RunSettings, store: MembershipStore, events: EventLog,
+                 metrics: Metrics):
+        self._settings = settings
+        self._store = store
+        self._events = events
+        self._metrics = metrics
+        self._runs: dict[str, Run] = {}
+        self._encoded: dict[str, _Encoded] = {}
+
+    async def load(self) -> None:
+        """Restores the runs saved in the store and starts their timers."""
+        for run_id, snapshot in self._store.load().items():
+            run = self._new_run(run_id, snapshot["min_nodes"], snapshot["max_nodes"])
+            run.restore(snapshot)
+            run.start()
+
+    async def close(self) -> None:
+        for run in self._runs.values():
+            await run.close()
+
+    def _new_run(self, run_id: str, min_nodes: int, max_nodes: int) -> Run:
+        run = Run(run_id, min_nodes, max_nodes, self._settings, self._store, self._events,
+                  self._metrics)
+        self._runs[run_id] = run
+        return run
+
+    def _run(self, run_id: str) -> Run:
+        _check_run_id(run_id)
+        run = self._runs.get(run_id)
+        if run is None:
+            raise RendezvousError(f"this orchestrator has no run {run_id!r}; check --run_id, "
+                                  f"or join first", reason=UNKNOWN_RUN)
+        return run
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The service's method handlers; a reply may be a message or its serialized bytes."""
+        service = pb.DESCRIPTOR.services_by_name["Rendezvous"]
+        handlers = {}
+        for method in service.methods:
+            make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
+                    else grpc.unary_unary_rpc_method_handler)
+            handlers[method.name] = make(
+                getattr(self, method.name),
+                request_deserializer=getattr(pb, method.input_type.name).FromString,
+                response_serializer=_serialize)
+        return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+    def _encode(self, run: Run) -> "_Encoded":
+        """The current membership of ``run``, encoded once per change of the run."""
+        encoded = self._encoded.get(run.run_id)
+        if encoded is None or encoded.version != run.version:
+            m = run.membership()
+            message = pb.Membership(generation=m.generation, members=m.members,
+                                    chief_id=m.chief_id)
+            encoded = _Encoded(run.version, message,
+                               pb.JoinResponse(membership=message).SerializeToString())
+            self._encoded[run.run_id] = encoded
+        return encoded
+
+    # ------------------------------------------------------------------ RPCs
+
+    @_rpc
+    async def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinResponse:
+        _check_run_id(request.run_id)
+        _check_address(request.address)
+        if request.max_nodes < 1:
+            raise InvalidArgumentError(f"max_nodes={request.max_nodes}: it must be at least 1")
+        if not 1 <= request.min_nodes <= request.max_nodes:
+            raise InvalidArgumentError(
+                f"min_nodes={request.min_nodes}, max_nodes={request.max_nodes}: need "
+                f"1 <= min_nodes <= max_nodes")
+        if request.max_nodes > MAX_NODES:
+            raise InvalidArgumentError(f"max_nodes={request.max_nodes} exceeds {MAX_NODES}")
+        if request.last_generation < 0:
+            raise InvalidArgumentError("last_generation must be 0 (none) or a generation number")
+        _check_timeout(request.timeout_s)
+        run = self._runs.get(request.run_id)
+        if run is None:
+            if request.HasField("node_id"):
+                raise RendezvousError(
+                    f"this orchestrator has no run {request.run_id!r}, so node id "
+                    f"{request.node_id} is unknown; join without a node id", reason=UNKNOWN_RUN)
+            run = self._new_run(request.run_id, request.min_nodes, request.max_nodes)
+            run.start()
+        run.check_config(request.min_nodes, request.max_nodes)
+        if request.register_only:
+            if request.HasField("node_id"):
+                raise InvalidArgumentError("register_only gives out a new id: omit node_id")
+            node_id = await run.register(request.address, request.nonce)
+            return (pb.JoinResponse(node_id=node_id).SerializeToString()
+                    + self._encode(run).join_tail)
+        node_id = request.node_id if request.HasField("node_id") else None
+        membership = await run.join(request.address, node_id, request.last_generation,
+                                    request.nonce, request.timeout_s)
+        # run.join returned the run's current membership, which is what _encode encodes.
+        return (pb.JoinResponse(node_id=membership.node_id).SerializeToString()
+                + self._encode(run).join_tail)
+
+    @_rpc
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
+        info = self._run(request.run_id).heartbeat(request.node_id, request.generation)
+        return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
+                                    waiting=info.waiting, removed=info.removed,
+                                    member=info.member, queued=info.queued)
+
+    async def Watch(self, request: pb.WatchRequest,
+                    context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        try:
+            run = self._run(request.run_id)
+        except RendezvousError as e:
+            self._metrics.rpc_done("Watch", e.code.name)
+            await _abort(context, e)
+        self._metrics.rpc_done("Watch", "OK")
+        async for update in run.watch():
+            yield self._update(run, update)
+
+    def _update(self, run: Run, update: MembershipUpdate) -> bytes:
+        encoded = self._encode(run)
+        if encoded.update is None:
+            encoded.update = pb.MembershipUpdate(
+                membership=encoded.membership, state=pb.RunState.Value(update.state),
+                waiting=update.waiting, reason=update.reason).SerializeToString()
+        return encoded.update
+
+    @_rpc
+    async def ReportFailure(self, request: pb.ReportFailureRequest,
+                            context: Any) -> pb.ReportFailureResponse:
+        run = self._run(request.run_id)
+        if not request.peers:
+            raise InvalidArgumentError("peers is empty: name the node ids you could not reach")
+        _check_text("reason", request.reason, MAX_REASON)
+        confirmed, alive = await run.report_failure(request.node_id, request.generation,
+                                                    list(dict.fromkeys(request.peers)),
+                                                    request.reason)
+        return pb.ReportFailureResponse(confirmed=confirmed, alive=alive,
+                                        generation=run.generation)
+
+    @_rpc
+    async def Barrier(self, request: pb.BarrierRequest, context: Any) -> pb.BarrierResponse:
+        run = self._run(request.run_id)
+        _check_name("name", request.name)
+        _check_timeout(request.timeout_s)
+        await run.gather(_BARRIER, request.name, request.node_id, request.generation, b"",
+                         request.timeout_s)
+        return pb.BarrierResponse()
+
+    @_rpc
+    async def Synchronize(self, request: pb.SynchronizeRequest,
+                          context: Any) -> pb.SynchronizeResponse:
+        run = self._run(request.run_id)
+        _check_name("key", request.key)
+        _check_timeout(request.timeout_s)
+        limit = self._settings.max_value_bytes
+        if len(request.value) > limit:
+            raise InvalidArgumentError(
+                f"value of {len(request.value)} bytes exceeds the {limit}-byte limit; exchange "
+                f"only small values (addresses, ports, flags) and move data another way")
+        values = await run.gather(_SYNC, request.key, request.node_id, request.generation,
+                                  request.value, request.timeout_s)
+        return pb.SynchronizeResponse(values=values)
+
+    @_rpc
+    async def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
+        run = self._run(request.run_id)
+        _check_text("reason", request.reason, MAX_REASON)
+        await run.leave(request.node_id, request.reason)
+        return pb.LeaveResponse()
+
+    @_rpc
+    async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
+        runs = [self._run(request.run_id)] if request.run_id else list(self._runs.values())
+        return pb.StatusResponse(runs=[self._status(run) for run in runs])
+
+    def _status(self, run: Run) -> pb.RunStatus:
+        s = run.status()
+        return pb.RunStatus(
+            run_id=s.run_id, min_nodes=s.min_nodes, max_nodes=s.max_nodes,
+            state=pb.RunState.Value(s.state), reason=s.reason,
+            membership=self._encode(run).membership,
+            nodes=[pb.NodeStatus(node_id=n.node_id, address=n.address, role=n.role,
+                                 silent_s=n.silent_s) for n in s.nodes],
+            history=[pb.HistoryEntry(**entry) for entry in s.history],
+            blocklist=[pb.BlockedAddress(address=a, failures=f, remaining_s=r)
+                       for a, f, r in s.blocklist])
+
+
+@dataclasses.dataclass
+class _Encoded:
+    version: int
+    membership: pb.Membership
+    # The membership as field 2 of a JoinResponse; append it to the node id.
+    join_tail: bytes
+    update: bytes | None = None
+
+
+def _serialize(reply: Any) -> bytes:
+    return reply if isinstance(reply, bytes) else reply.SerializeToString()
+
+
+def _check_run_id(run_id: str) -> None:
+    if not run_id:
+        raise InvalidArgumentError("run_id is empty: give every node of a job the same run id "
+                                   "(--run_id)")
+    _check_text("run_id", run_id, MAX_RUN_ID)
+
+
+def _check_name(field: str, value: str) -> None:
+    if not value:
+        raise InvalidArgumentError(f"{field} is empty: name it")
+    _check_text(field, value, MAX_NAME)
+
+
+def _check_text(field: str, value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise InvalidArgumentError(f"{field} is {len(value)} characters long; the limit is {limit}")
+
+
+def _check_address(address: str) -> None:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidArgumentError(
+            f"address {address!r} is not HOST:PORT; give the host and port other nodes reach "
+            f"this node at, e.g. 10.0.0.5:2222")
+
+
+def _check_timeout(timeout_s: float) -> None:
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"timeout_s={timeout_s:g}: it must be > 0 and at most {MAX_TIMEOUT_S:g} seconds")

@@ -1,0 +1,142 @@
+"""Where the orchestrator keeps run state so that a restart loses nothing.
+
+A store saves and loads one JSON-able snapshot per run. That is all the
+orchestrator asks of it, so a store on a distributed key-value engine (one key
+per run, written in a transaction) can replace the file store without touching
+the state machine. Membership changes are persisted, heartbeats are not.
+
+:class:`GroupCommitter` batches saves: any number of changes made while a save
+is running go out together in the next one, so 1,000 nodes joining at once
+cost a handful of fsyncs, and every caller still waits until its change is on
+disk before it is answered.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import json
+import os
+import tempfile
+from typing import Any, Callable
+
+Snapshot = dict[str, Any]
+
+
+class MembershipStore(abc.ABC):
+    """Durable storage of run snapshots, keyed by run id."""
+
+    # False for a store that keeps nothing: then nobody waits for saves.
+    persistent = True
+
+    @abc.abstractmethod
+    def load(self) -> dict[str, Snapshot]:
+        """Returns every saved run."""
+
+    @abc.abstractmethod
+    def save(self, run_id: str, snapshot: Snapshot) -> None:
+        """Stores a run's snapshot; durable when it returns. Called off the event loop."""
+
+
+class MemoryStore(MembershipStore):
+    """No persistence: state lives as long as the process (no --state_dir)."""
+
+    persistent = False
+
+    def load(self) -> dict[str, Snapshot]:
+        return {}
+
+    def save(self, run_id: str, snapshot: Snapshot) -> None:
+        pass
+
+
+class FileStore(MembershipStore):
+    """One JSON file per run in a directory, replaced atomically and fsynced."""
+
+    _SUFFIX = ".run.json"
+
+    def __init__(self, directory: str):
+        self.directory = os.path.abspath(directory)
+        os.makedirs(self.directory, exist_ok=True)
+
+    def _path(self, run_id: str) -> str:
+        # Hex keeps any run id a safe, reversible file name.
+        return os.path.join(self.directory, run_id.encode().hex() + self._SUFFIX)
+
+    def load(self) -> dict[str, Snapshot]:
+        runs = {}
+        for name in sorted(os.listdir(self.directory)):
+            if not name.endswith(self._SUFFIX):
+                continue
+            with open(os.path.join(self.directory, name), encoding="utf-8") as f:
+                snapshot = json.load(f)
+            runs[snapshot["run_id"]] = snapshot
+        return runs
+
+    def save(self, run_id: str, snapshot: Snapshot) -> None:
+        data = json.dumps(snapshot, separators=(",", ":")).encode()
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._path(run_id))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+class GroupCommitter:
+    """Saves a run's snapshot after changes, batching changes made during a save."""
+
+    def __init__(self, store: MembershipStore, run_id: str, snapshot: Callable[[], Snapshot]):
+        self._store = store
+        self._run_id = run_id
+        self._snapshot = snapshot
+        self._changed = 0
+        self._durable = 0
+        self._writer: asyncio.Task | None = None
+        self._saved = asyncio.Event()
+
+    def mark(self) -> int:
+        """Records that the state changed; returns a ticket for :meth:`wait`."""
+        self._changed += 1
+        if not self._store.persistent:
+            self._durable = self._changed
+        elif self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write())
+        return self._changed
+
+    async def wait(self, ticket: int) -> None:
+        """Returns once the change behind ``ticket`` (and all before it) is durable.
+
+        Raises the store's error when the save failed (e.g. the disk is full).
+        """
+        while self._durable < ticket:
+            writer = self._writer
+            if writer is not None and writer.done() and writer.exception() is not None:
+                raise writer.exception()
+            await self._saved.wait()
+
+    async def _write(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while self._durable < self._changed:
+                ticket = self._changed
+                # The snapshot is taken on the loop, so it is consistent; only the I/O moves off it.
+                snapshot = self._snapshot()
+                await loop.run_in_executor(None, self._store.save, self._run_id, snapshot)
+                self._durable = ticket
+                self._wake()
+        finally:
+            self._wake()
+
+    def _wake(self) -> None:
+        saved, self._saved = self._saved, asyncio.Event()
+        saved.set()

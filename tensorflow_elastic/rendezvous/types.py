@@ -1,0 +1,96 @@
+"""Plain results of the membership service, shared by the server and the client."""
+
+from __future__ import annotations
+
+import dataclasses
+
+FORMING = "FORMING"
+ACTIVE = "ACTIVE"
+FAILED = "FAILED"
+
+
+@dataclasses.dataclass(frozen=True)
+class Membership:
+    """One generation as a node sees it.
+
+    ``members`` maps permanent node ids to addresses; ids are sparse because
+    they are never reused. The chief is the member with the lowest id, and a
+    node's rank is its position among the sorted ids.
+    """
+
+    node_id: int | None
+    generation: int
+    members: dict[int, str]
+    chief_id: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    @property
+    def rank(self) -> int:
+        """The caller's index among the sorted member ids."""
+        if self.node_id not in self.members:
+            raise ValueError(f"node {self.node_id} is not a member of generation {self.generation}")
+        return sorted(self.members).index(self.node_id)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.node_id == self.chief_id
+
+
+@dataclasses.dataclass(frozen=True)
+class HeartbeatInfo:
+    """What a heartbeat tells a node about the run.
+
+    ``waiting`` counts the nodes the next re-form would admit (so a worker
+    re-forms to grow only when it helps); ``removed`` counts members of the
+    caller's generation that are gone (so it must re-join).
+    """
+
+    generation: int
+    state: str
+    waiting: int
+    removed: int
+    member: bool
+    queued: int
+
+    @property
+    def change(self) -> int:
+        """Nodes waiting to join (+) or removed (-): removals take precedence."""
+        return -self.removed if self.removed else self.waiting
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipUpdate:
+    """What a watch delivers: the membership (``node_id`` None), the run state and why it
+    changed."""
+
+    membership: Membership
+    state: str
+    waiting: int
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeStatus:
+    node_id: int
+    address: str
+    role: str
+    silent_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class RunStatus:
+    """One run as ``tfelastic status`` shows it; ``history`` holds dicts with time,
+    event, generation, nodes and detail, oldest first."""
+
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    state: str
+    reason: str
+    membership: Membership
+    nodes: list[NodeStatus]
+    history: list[dict]
+    blocklist: list[tuple[str, int, float]]

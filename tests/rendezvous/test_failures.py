@@ -1,0 +1,154 @@
+"""Failure handling: heartbeat timeouts, reports, leaves, standby admission, the run failing."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from tensorflow_elastic.events import read_events
+from tensorflow_elastic.rendezvous import BlocklistedError, NodeRemovedError, RunFailedError
+from tensorflow_elastic.rendezvous.blocklist import Blocklist
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_heartbeat_timeout_removes_node_and_bumps_generation(start_orchestrator, nodes_for, wait,
+                                                            tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    server = start_orchestrator("--events_file", str(events_file), heartbeat_timeout=1.0)
+    (a, _), (b, _), (c, _) = nodes_for(server.endpoint).join(3, 2, 3)
+    c.stop_heartbeats()
+    info = wait(lambda: (i := a.heartbeat()).generation == 2 and i, what="generation 2")
+    assert info.removed == 1 and info.member  # a is in generation 2 but must re-join to learn it
+    m = a.join(timeout=10)
+    assert sorted(m.members) == sorted([a.node_id, b.node_id])
+    with pytest.raises(NodeRemovedError, match=f"node {c.node_id} was removed"):
+        c.heartbeat()
+    failures = list(read_events(str(events_file), "failure_detected"))
+    assert failures[0]["failed"] == [c.node_id] and "no heartbeat" in failures[0]["cause"]
+    starts = [e["members"] for e in read_events(str(events_file), "generation_start")]
+    assert starts == [sorted([a.node_id, b.node_id, c.node_id]), sorted([a.node_id, b.node_id])]
+    assert [e["node"] for e in read_events(str(events_file), "node_left")] == [c.node_id]
+
+
+def test_chief_removed_next_lowest_becomes_chief(orchestrator, nodes_for):
+    joined = sorted(nodes_for(orchestrator.endpoint).join(3, 2, 3), key=lambda j: j[1].node_id)
+    (chief, m), (second, _), (third, _) = joined
+    assert m.chief_id == chief.node_id
+    chief.leave("preempted")
+    m2 = second.join(timeout=10)
+    assert m2.generation == 2
+    assert m2.chief_id == second.node_id and m2.is_chief
+    assert third.join(timeout=10).chief_id == second.node_id
+
+
+def test_unique_ids_under_50_concurrent_joins(orchestrator, nodes_for):
+    joined = nodes_for(orchestrator.endpoint).join(50, 50, 50, heartbeat=None)
+    ids = [m.node_id for _, m in joined]
+    assert sorted(ids) == sorted(set(ids)) and len(ids) == 50
+    assert all(m.members == joined[0][1].members and m.generation == 1 for _, m in joined)
+
+
+def test_max_nodes_standby_admitted_when_member_leaves(orchestrator, nodes_for, wait):
+    nodes = nodes_for(orchestrator.endpoint)
+    (a, m), (b, _) = nodes.join(2, 1, 2)
+    [standby], [pending] = nodes.join_async(1, 1, 2)
+    wait(lambda: a.heartbeat().queued == 1, what="a queued node")
+    assert a.heartbeat().waiting == 0  # the generation is full: re-forming would not help
+    assert not pending.done()
+    b.leave("preempted")
+    admitted = pending.result(timeout=30)
+    assert admitted.generation == 2
+    assert sorted(admitted.members) == sorted([a.node_id, standby.node_id])
+
+
+def test_below_min_timeout_fails_the_run_for_every_member(start_orchestrator, nodes_for, wait):
+    server = start_orchestrator("--below_min_timeout", "1", heartbeat_timeout=1.0)
+    nodes = nodes_for(server.endpoint)
+    (a, _), (b, _), (c, _) = nodes.join(3, 3, 3)
+    updates = []
+    watcher = threading.Thread(target=lambda: updates.extend(b.watch()), daemon=True)
+    watcher.start()
+    c.stop_heartbeats()
+    wait(lambda: a.heartbeat().state == "FORMING", what="the run falling below min_nodes")
+    rejoin = nodes.submit(lambda: a.join(timeout=30))  # a survivor waits for nodes to come back
+    with pytest.raises(RunFailedError, match="not enough nodes came back within 1 s"):
+        rejoin.result(timeout=30)
+    with pytest.raises(RunFailedError, match="restart the job"):
+        b.heartbeat()
+    with pytest.raises(RunFailedError):
+        nodes.client().join("127.0.0.1:29998", 3, 3, timeout=5)
+    watcher.join(timeout=30)
+    assert updates[-1].state == "FAILED" and "min_nodes=3" in updates[-1].reason
+
+
+def test_report_failure_reforms_at_once(orchestrator, nodes_for):
+    (a, _), (b, _), (c, _) = nodes_for(orchestrator.endpoint).join(3, 2, 3)
+    # Nothing listens at c's address, so the orchestrator's probe confirms the report.
+    confirmed, alive = a.report_failure([c.node_id], "collective timed out")
+    assert (confirmed, alive) == ([c.node_id], [])
+    assert b.heartbeat().generation == 2
+    assert c.node_id not in a.join(timeout=10).members
+
+
+def test_report_failure_of_live_peer_is_rejected(orchestrator, nodes_for):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        nodes = nodes_for(orchestrator.endpoint)
+        a, live = nodes.client(), nodes.client()
+        futures = [nodes.submit(a.join, "127.0.0.1:20900", 2, 2, 30),
+                   nodes.submit(live.join, address, 2, 2, 30)]
+        for f in futures:
+            f.result(timeout=30)
+        a.start_heartbeats(0.3)
+        live.start_heartbeats(0.3)
+        confirmed, alive = a.report_failure([live.node_id], "flaky link")
+        assert (confirmed, alive) == ([], [live.node_id])
+        assert a.heartbeat().generation == 1
+
+
+def test_repeated_failures_blocklist_the_address(start_orchestrator, nodes_for, wait):
+    server = start_orchestrator("--blocklist_after", "2", "--blocklist_cooldown", "600")
+    nodes = nodes_for(server.endpoint)
+    [(a, _)] = nodes.join(1, 1, 2)
+    flaky = "127.0.0.1:20777"
+    for _ in range(2):
+        node = nodes.client()
+        joining = nodes.submit(node.join, flaky, 1, 2, 30)
+        wait(lambda: a.heartbeat().waiting == 1, what="the flaky node waiting")
+        a.join(timeout=10)  # re-form to admit the flaky node
+        joining.result(timeout=30)
+        assert a.report_failure([node.node_id], "unreachable")[0] == [node.node_id]
+        a.join(timeout=10)  # catch up with the generation that lost it
+    with pytest.raises(BlocklistedError, match=f"{flaky} failed 2 times and is blocked"):
+        nodes.client().join(flaky, 1, 2, timeout=5)
+    [run] = a.status()
+    assert [(addr, failures) for addr, failures, _ in run.blocklist] == [(flaky, 2)]
+
+
+def test_blocklist_cooldown_doubles():
+    blocklist = Blocklist(after=2, cooldown=10.0, max_cooldown=35.0)
+    assert blocklist.record_failure("h:1", now=0.0) == 0.0
+    blocklist.check("h:1", now=0.0)
+    assert [blocklist.record_failure("h:1", now=0.0) for _ in range(3)] == [10.0, 20.0, 35.0]
+    with pytest.raises(BlocklistedError):
+        blocklist.check("h:1", now=34.0)
+    blocklist.check("h:1", now=35.5)
+    restored = Blocklist(after=2, cooldown=10.0, max_cooldown=35.0)
+    restored.restore(blocklist.snapshot())
+    assert restored.blocked(now=1.0) == [("h:1", 4, 34.0)]
+
+
+def test_leave_is_recorded_and_idempotent(start_orchestrator, nodes_for, tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    server = start_orchestrator("--events_file", str(events_file))
+    (a, _), (b, _) = nodes_for(server.endpoint).join(2, 1, 2)
+    b.leave("preempted")
+    b.leave("again")  # a retried leave is harmless
+    [left] = list(read_events(str(events_file), "node_left"))
+    assert left["node"] == b.node_id and "preempted" in left["reason"]
+    assert not list(read_events(str(events_file), "failure_detected"))

@@ -1,0 +1,115 @@
+"""Token authentication, TLS, and bad requests that must not hurt the server."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import grpc
+import pytest
+
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+from tensorflow_elastic.rendezvous import Client, RendezvousError
+
+pytestmark = pytest.mark.multiprocess
+
+TOKEN = "s3cret-token"
+
+
+def test_token_rejected_without_leaking(start_orchestrator, nodes_for, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    server = start_orchestrator("--token_file", str(token_file))
+    [(member, _)] = nodes_for(server.endpoint, token=TOKEN).join(1, 1, 2)
+    for token in (None, "wrong", TOKEN + "x"):
+        intruder = Client(server.endpoint, "job", token, retry_timeout=1)
+        for call in (intruder.status, lambda: intruder.join("127.0.0.1:1", 1, 2, timeout=5)):
+            with pytest.raises(RendezvousError) as e:
+                call()
+            assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+            assert "job" not in e.value.message and "127.0.0.1" not in e.value.message
+        intruder.close()
+    [run] = member.status()
+    assert len(run.membership.members) == 1 and run.state == "ACTIVE"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_round_trip(start_orchestrator, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    server = start_orchestrator("--tls_cert", str(cert), "--tls_key", str(key))
+    with Client(server.endpoint, "job", tls_ca=str(cert)) as secure:
+        m = secure.join("127.0.0.1:20001", 1, 1, timeout=10)
+        assert m.generation == 1 and secure.heartbeat().member
+    with Client(server.endpoint, "job", retry_timeout=1) as plaintext:
+        with pytest.raises(RendezvousError) as e:
+            plaintext.status()
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def _join(**fields):
+    request = dict(run_id="job", address="127.0.0.1:20001", min_nodes=1, max_nodes=2,
+                   timeout_s=5)
+    request.update(fields)
+    return "Join", pb.JoinRequest(**request)
+
+
+BAD_REQUESTS = [
+    ("empty run id", lambda m: _join(run_id=""), "INVALID_ARGUMENT", "run_id is empty"),
+    ("min > max", lambda m: _join(min_nodes=3, max_nodes=2), "INVALID_ARGUMENT",
+     "need 1 <= min_nodes <= max_nodes"),
+    ("max < 1", lambda m: _join(min_nodes=0, max_nodes=0), "INVALID_ARGUMENT",
+     "must be at least 1"),
+    ("bad address", lambda m: _join(address="nohost"), "INVALID_ARGUMENT", "is not HOST:PORT"),
+    ("no timeout", lambda m: _join(timeout_s=0), "INVALID_ARGUMENT", "must be > 0"),
+    ("other nnodes", lambda m: _join(max_nodes=5), "FAILED_PRECONDITION",
+     "start every node with the same --nnodes"),
+    ("unknown node", lambda m: ("Heartbeat", pb.HeartbeatRequest(run_id="job", node_id=99)),
+     "FAILED_PRECONDITION", "never given out"),
+    ("unknown run", lambda m: ("Heartbeat", pb.HeartbeatRequest(run_id="nope", node_id=0)),
+     "FAILED_PRECONDITION", "has no run 'nope'"),
+    ("future generation", lambda m: ("Heartbeat", pb.HeartbeatRequest(
+        run_id="job", node_id=m.node_id, generation=7)), "INVALID_ARGUMENT", "does not exist yet"),
+    ("stale generation", lambda m: ("Barrier", pb.BarrierRequest(
+        run_id="job", node_id=m.node_id, generation=m.generation - 1, name="b", timeout_s=5)),
+     "FAILED_PRECONDITION", "has ended"),
+    ("empty barrier name", lambda m: ("Barrier", pb.BarrierRequest(
+        run_id="job", node_id=m.node_id, generation=m.generation, timeout_s=5)),
+     "INVALID_ARGUMENT", "name is empty"),
+    ("oversized value", lambda m: ("Synchronize", pb.SynchronizeRequest(
+        run_id="job", node_id=m.node_id, generation=m.generation, key="k",
+        value=b"x" * 70_000, timeout_s=5)), "INVALID_ARGUMENT", "exceeds the 65536-byte limit"),
+    ("report nobody", lambda m: ("ReportFailure", pb.ReportFailureRequest(
+        run_id="job", node_id=m.node_id, generation=m.generation)), "INVALID_ARGUMENT",
+     "peers is empty"),
+    ("report non-member", lambda m: ("ReportFailure", pb.ReportFailureRequest(
+        run_id="job", node_id=m.node_id, generation=m.generation, peers=[42])),
+     "INVALID_ARGUMENT", "not a member"),
+    ("oversized reason", lambda m: ("Leave", pb.LeaveRequest(
+        run_id="job", node_id=m.node_id, reason="r" * 5000)), "INVALID_ARGUMENT", "the limit is"),
+]
+
+
+def test_bad_requests_are_refused_and_the_server_stays_up(orchestrator, nodes_for):
+    nodes = nodes_for(orchestrator.endpoint)
+    [(a, _), (b, _)] = nodes.join(2, 1, 2)
+    a.join(timeout=10)  # generation 2, so that generation 1 is stale
+    m = b.join(timeout=10)
+    assert m.generation == 2
+    with grpc.insecure_channel(orchestrator.endpoint) as channel:
+        stub = pb_grpc.RendezvousStub(channel)
+        for label, make, code, message in BAD_REQUESTS:
+            method, request = make(m)
+            with pytest.raises(grpc.RpcError) as e:
+                getattr(stub, method)(request, timeout=10)
+            assert e.value.code().name == code, label
+            assert message in e.value.details(), (label, e.value.details())
+    # Nothing changed: same generation, same members, both still answer.
+    [run] = a.status()
+    assert (run.state, run.membership.generation, run.membership.members) == (
+        "ACTIVE", 2, m.members)
+    assert a.heartbeat().generation == b.heartbeat().generation == 2
