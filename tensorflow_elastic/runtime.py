@@ -21,7 +21,9 @@ from typing import TYPE_CHECKING
 
 from tensorflow_elastic import events
 from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous import Client
+from tensorflow_elastic.rendezvous.auth import TOKEN_ENV
 from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
                                                   RendezvousError, RunFailedError)
 
@@ -32,11 +34,11 @@ logger = logging.getLogger(__name__)
 
 ENDPOINT_ENV = "TFE_RDZV_ENDPOINT"
 RUN_ID_ENV = "TFE_RUN_ID"
-TOKEN_ENV = "TFE_TOKEN"
 ADDRESS_ENV = "TFE_ADDRESS"
 MIN_NODES_ENV = "TFE_MIN_NODES"
 MAX_NODES_ENV = "TFE_MAX_NODES"
 JOIN_TIMEOUT_ENV = "TFE_JOIN_TIMEOUT"
+STEP_EVENTS_ENV = "TFE_STEP_EVENTS_EVERY"
 
 DEFAULT_JOIN_TIMEOUT_S = 600.0
 DEFAULT_BARRIER_TIMEOUT_S = 120.0
@@ -65,6 +67,7 @@ class ElasticRuntime:
         self.max_nodes = max_nodes
         self.join_timeout = join_timeout
         self.events = events.EventLog(source="worker")
+        self._steps = StepReporter(every=int(os.environ.get(STEP_EVENTS_ENV, "10")))
         self.membership = None
         self.standby = False
         self.strategy: ElasticMultiWorkerMirroredStrategy | None = None
@@ -191,6 +194,11 @@ class ElasticRuntime:
         self.client.leave(reason)
         self.close()
 
+    def report_step(self, step: int) -> None:
+        """A `step` event every TFE_STEP_EVENTS_EVERY commits, for progress lines and plots."""
+        self._steps.report(step, self.membership.world_size, node=self.node_id,
+                           generation=self.generation)
+
     def report_failure(self, error: BaseException) -> None:
         """Tells the orchestrator which peers this process cannot reach."""
         from tensorflow.python.eager import context
@@ -213,9 +221,19 @@ class ElasticRuntime:
                 pass  # another member's report already started the next generation
 
     def finish(self) -> None:
-        """The exit barrier: every member has returned from training."""
+        """The exit barrier (every member has returned from training), then a clean leave.
+
+        Leaving at once keeps the orchestrator from taking finished members for
+        failed ones when their heartbeats stop.
+        """
+        self._reforming.set()
         self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation)
+        try:
+            self.client.leave("job complete")
+        except RendezvousError as e:
+            logger.info("leave after the job: %s", e)
+        self.close()
 
     def close(self) -> None:
         self.client.stop_heartbeats()

@@ -41,7 +41,7 @@ class State:
 
     @property
     def commits(self) -> int:
-        """How many commits this process has made since it started."""
+        """How many commits the job has made (a newcomer takes the chief's count)."""
         return self._commits
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
@@ -69,6 +69,7 @@ class State:
         self._commits += 1
         rt = runtime_lib.current()
         rt.check_job_alive()
+        rt.report_step(self._commits)
         if _strategy().extended.agreement.vote(rt.wants_reform()):
             raise MembershipChanged("membership changes at this commit")
 
@@ -77,9 +78,11 @@ class State:
         rt = runtime_lib.current()
         key = f"state-{rt.generation}"
         chief = rt.membership.chief_id
-        mine = pickle.dumps(self._values) if rt.node_id == chief else b""
-        values = rt.client.synchronize(key, mine)
-        self._values.update(pickle.loads(values[chief]))
+        mine = pickle.dumps((self._values, self._commits)) if rt.node_id == chief else b""
+        values, commits = pickle.loads(rt.client.synchronize(key, mine)[chief])
+        self._values.update(values)
+        # The commit count is the job's global step count: the chief's is the truth.
+        self._commits = commits
         self.save()
 
 

@@ -1,0 +1,153 @@
+"""Why a worker failed: error files written by the worker, read back by its agent.
+
+A worker that dies of an uncaught exception leaves a JSON error file (the
+path is in ``TFE_ERROR_FILE``) with the exception and its traceback, so the
+agent can name the first failure of a run instead of leaving the user to dig
+through interleaved logs. Workers started by the agent get this
+automatically (see :mod:`tensorflow_elastic.agent.bootstrap`); a script run
+some other way can decorate its entry point with :func:`record`. A worker
+that dies without one (a signal, a segfault, ``sys.exit(1)``) is described
+from its exit code and the tail of its output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable, TypeVar
+
+ERROR_FILE_ENV = "TFE_ERROR_FILE"
+TAIL_LINES = 15
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def write_error_file(error: BaseException, path: str | None = None) -> None:
+    """Writes ``error`` and its traceback to ``path`` (default: ``$TFE_ERROR_FILE``); no-op without one."""
+    path = path or os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return
+    record = {
+        "type": type(error).__name__,
+        "message": str(error),
+        "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
+        "time": time.time(),
+        "pid": os.getpid(),
+    }
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)
+
+
+def record(func: F) -> F:
+    """Decorates a worker's entry point: an uncaught exception goes to the error file, then on."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except SystemExit:
+            raise
+        except BaseException as error:
+            write_error_file(error)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def install_excepthook() -> None:
+    """Makes every uncaught exception of this process's main thread leave an error file."""
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], error: BaseException, tb: Any) -> None:
+        if not issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
+            write_error_file(error.with_traceback(tb))
+        previous(exc_type, error, tb)
+
+    sys.excepthook = hook
+
+
+@dataclasses.dataclass
+class WorkerFailure:
+    """One failed worker process, as the root-cause summary shows it."""
+
+    local_rank: int
+    node_id: int | None
+    pid: int
+    exit_code: int
+    time: float
+    error_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    output_tail: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def exit_reason(self) -> str:
+        if self.exit_code < 0:
+            try:
+                return f"killed by {signal.Signals(-self.exit_code).name}"
+            except ValueError:
+                return f"killed by signal {-self.exit_code}"
+        return f"exit code {self.exit_code}"
+
+    @property
+    def cause(self) -> str:
+        """One line: what ended the process."""
+        if self.error_type:
+            return f"{self.exit_reason}: {self.error_type}: {self.message}".strip()
+        return self.exit_reason
+
+    @classmethod
+    def collect(cls, local_rank: int, node_id: int | None, pid: int, exit_code: int,
+                error_file: str, output_tail: list[str]) -> "WorkerFailure":
+        """Reads the worker's error file if it wrote one; its output tail stands in otherwise."""
+        failure = cls(local_rank, node_id, pid, exit_code, time.time(),
+                      output_tail=list(output_tail))
+        try:
+            with open(error_file, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return failure
+        failure.error_type = str(data.get("type", ""))
+        failure.message = str(data.get("message", ""))
+        failure.traceback = str(data.get("traceback", ""))
+        failure.time = float(data.get("time", failure.time))
+        return failure
+
+
+def root_cause_summary(failures: list[WorkerFailure], title: str) -> str:
+    """The first failure in full (traceback tail), then one line per later failure."""
+    if not failures:
+        return title
+    ordered = sorted(failures, key=lambda f: f.time)
+    first = ordered[0]
+    rule = "=" * 72
+    lines = [rule, title, rule, "Root cause (first failure):",
+             f"  node:       {_node(first)}",
+             f"  local rank: {first.local_rank}",
+             f"  pid:        {first.pid}",
+             f"  time:       {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(first.time))}",
+             f"  cause:      {first.cause}"]
+    tail = first.traceback.rstrip().splitlines()[-TAIL_LINES:] if first.traceback \
+        else [line.rstrip("\n") for line in first.output_tail[-TAIL_LINES:]]
+    if tail:
+        lines.append("  traceback:" if first.traceback else "  last output:")
+        lines += [f"    {line}" for line in tail]
+    if len(ordered) > 1:
+        lines.append("Other failures:")
+        lines += [f"  node {_node(f)} (local rank {f.local_rank}, pid {f.pid}): {f.cause}"
+                  for f in ordered[1:]]
+    lines.append(rule)
+    return "\n".join(lines)
+
+
+def _node(failure: WorkerFailure) -> str:
+    return "unknown (it had not joined)" if failure.node_id is None else str(failure.node_id)

@@ -1,0 +1,117 @@
+"""In-process elasticity: the workers are the orchestrator's nodes; the agent only keeps them alive.
+
+A script that calls ``tensorflow_elastic.init()`` joins the orchestrator
+itself (one node per process) and re-forms inside the running processes, so
+the agent never restarts a worker for a membership change. It restarts a
+worker only when the process died; the new process joins as a new node with
+a new address. The agent learns each worker's node id from the
+orchestrator's status (by the address it gave the worker), to prefix output
+and name failures.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tensorflow_elastic import runtime
+from tensorflow_elastic.agent.ports import PortAllocator
+from tensorflow_elastic.agent.spec import WorkerSpec
+from tensorflow_elastic.rendezvous import Client
+from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN, RendezvousError
+
+logger = logging.getLogger(__name__)
+
+# A node silent this long has stopped heartbeating (workers beat every 0.5 s).
+QUIET_S = 3.0
+
+
+class InProcessElasticity:
+    """Environment for elastic-aware workers, and the agent's read-only view of the run."""
+
+    restarts_on_membership_change = False
+
+    def __init__(self, spec: WorkerSpec, ports: PortAllocator, wake: threading.Event,
+                 hosts_orchestrator: bool = False):
+        self.spec = spec
+        self._ports = ports
+        self._hosts_orchestrator = hosts_orchestrator
+        self._addresses = [ports.address() for _ in range(spec.nproc_per_node)]
+        self._node_ids: dict[str, int] = {}
+        self._status_client = Client(spec.rdzv_endpoint, spec.run_id, spec.token,
+                                     retry_timeout=5.0)
+        self._generation = 0
+        self._world_size = 0
+
+    def rendezvous(self) -> None:
+        """Nothing to join here: each worker joins when it calls ``tensorflow_elastic.init()``."""
+
+    def membership_changed(self) -> bool:
+        return False
+
+    def refresh(self) -> None:
+        """Learns node ids of new workers and the current generation (best effort)."""
+        try:
+            runs = self._status_client.status()
+        except RendezvousError:
+            return
+        for run in runs:
+            self._generation = run.membership.generation
+            self._world_size = run.membership.world_size
+            for node in run.nodes:
+                self._node_ids.setdefault(node.address, node.node_id)
+
+    def node_id(self, slot: int) -> int | None:
+        return self._node_ids.get(self._addresses[slot])
+
+    def node_ids(self) -> list[int | None]:
+        return [self.node_id(slot) for slot in range(len(self._addresses))]
+
+    def generation(self) -> int:
+        return self._generation
+
+    def world_size(self) -> int:
+        return self._world_size
+
+    def worker_env(self, slot: int) -> dict[str, str]:
+        env = {runtime.ENDPOINT_ENV: self.spec.rdzv_endpoint, runtime.RUN_ID_ENV: self.spec.run_id,
+               runtime.ADDRESS_ENV: self._addresses[slot],
+               runtime.MIN_NODES_ENV: str(self.spec.min_nodes),
+               runtime.MAX_NODES_ENV: str(self.spec.max_nodes),
+               runtime.JOIN_TIMEOUT_ENV: str(self.spec.join_timeout)}
+        if self.spec.token:
+            env[runtime.TOKEN_ENV] = self.spec.token
+        return env
+
+    def new_address(self, slot: int) -> None:
+        """A restarted worker is a new node: it gets a fresh address."""
+        self._addresses[slot] = self._ports.address()
+
+    def exit_barrier(self) -> None:
+        """The workers pass their own exit barrier; an agent that hosts the orchestrator also
+        waits until no node of the run still heartbeats, so it never pulls the service from
+        under workers of other agents."""
+        if not self._hosts_orchestrator:
+            return
+        deadline = time.monotonic() + self.spec.exit_barrier_timeout
+        while time.monotonic() < deadline:
+            try:
+                runs = self._status_client.status()
+            except RendezvousError as e:
+                if e.reason == UNKNOWN_RUN:
+                    return
+                logger.warning("exit barrier: %s", e.message)
+                return
+            if all(run.state == "FAILED" or all(n.silent_s >= QUIET_S for n in run.nodes)
+                   for run in runs):
+                return
+            time.sleep(0.5)
+        logger.warning("exit barrier: nodes of run %s still heartbeat after %g s; stopping the "
+                       "orchestrator anyway", self.spec.run_id, self.spec.exit_barrier_timeout)
+
+    def leave(self, reason: str) -> None:
+        """Workers leave by themselves (SIGTERM: finish the step, commit, leave)."""
+
+    def close(self) -> None:
+        self._status_client.close()

@@ -1,0 +1,62 @@
+"""Addresses for workers' TensorFlow servers: the node's host, a port no one uses."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port(host: str) -> int:
+    """A port that is free on ``host`` right now (the worker binds it a moment later)."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+class PortAllocator:
+    """Gives ``first_port`` to the first worker if it is free, then free ports.
+
+    A restarted worker gets a new port: the orchestrator blocks addresses that
+    failed repeatedly, and a fresh address keeps a new node clear of that.
+    """
+
+    def __init__(self, host: str, first_port: int = 0):
+        self.host = host
+        self._next_fixed = first_port or None
+
+    def address(self) -> str:
+        port = None
+        if self._next_fixed is not None:
+            if port_is_free(self.host, self._next_fixed):
+                port = self._next_fixed
+            self._next_fixed = None
+        return format_address(self.host, port or free_port(self.host))
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def local_address_towards(endpoint_host: str) -> str:
+    """This machine's address on the route to the orchestrator (loopback for a local one)."""
+    try:
+        infos = socket.getaddrinfo(endpoint_host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror:
+        return "127.0.0.1"
+    family, _, _, _, sockaddr = infos[0]
+    if family == socket.AF_INET and sockaddr[0].startswith("127."):
+        return "127.0.0.1"
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((sockaddr[0], 9))  # UDP connect sends nothing; it only picks a route
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"

@@ -1,0 +1,99 @@
+"""One worker process: started in its own session, its output prefixed, stopped by pid.
+
+Each worker gets a session of its own so that a Ctrl-C in the terminal reaches
+only the agent, which decides what the workers get (a forwarded SIGTERM: a
+graceful leave). Output is read line by line and written with a prefix that
+names the worker's node, so the interleaved logs of many workers stay
+readable; the last lines are kept for the failure summary.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, TextIO
+
+OUTPUT_TAIL_LINES = 40
+
+
+class WorkerProcess:
+    """A started worker; ``label`` is called for every line so a node id learned later shows up.
+
+    ``error_file`` is where the worker writes its uncaught exception ('' for none).
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str], error_file: str,
+                 label: Callable[[], str], stdout: TextIO | None = None,
+                 stderr: TextIO | None = None):
+        self.argv = argv
+        self.error_file = error_file
+        self.started_at = time.time()
+        self._label = label
+        self._lock = threading.Lock()
+        self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
+        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self._pumps = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, stdout or sys.stdout),
+                             name=f"tfe-out-{self.proc.pid}", daemon=True),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, stderr or sys.stderr),
+                             name=f"tfe-err-{self.proc.pid}", daemon=True),
+        ]
+        for pump in self._pumps:
+            pump.start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: int) -> None:
+        """Sends ``sig`` to the worker itself (not its children), if it still runs."""
+        if self.proc.poll() is None:
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float) -> int:
+        """SIGTERM, then SIGKILL to the whole session after ``grace`` seconds; returns the exit code."""
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        return self.wait_output()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            self.signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def wait_output(self, timeout: float = 5.0) -> int:
+        """Waits for the process and for its last output lines to be written; returns the exit code."""
+        code = self.proc.wait()
+        for pump in self._pumps:
+            pump.join(timeout)
+        return code
+
+    def tail(self) -> list[str]:
+        with self._lock:
+            return list(self.output_tail)
+
+    def _pump(self, stream, sink: TextIO) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            with self._lock:
+                self.output_tail.append(line)
+            sink.write(f"[{self._label()}] {line}\n")
+            sink.flush()
+        stream.close()

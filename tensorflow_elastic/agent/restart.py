@@ -1,0 +1,154 @@
+"""Restart-based elasticity for unmodified MultiWorkerMirroredStrategy scripts.
+
+Such a script reads TF_CONFIG once and cannot change its cluster, so the
+agent does the elastic part: it holds one orchestrator node per local worker
+(joined, heartbeating) and, for every generation, hands each worker a
+TF_CONFIG with that generation's members in node-id order. When the
+membership changes (a node failed or left, nodes wait to join, a local
+worker died and the agent re-joined to end the generation), every agent
+stops its workers and starts them again with the new TF_CONFIG; the script
+resumes from its own BackupAndRestore or checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from tensorflow_elastic.agent.spec import WorkerSpec
+from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership
+from tensorflow_elastic.rendezvous.errors import (
+    GenerationChangedError, NodeRemovedError, RendezvousError, RunFailedError)
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 0.5
+
+
+def tf_config(membership: Membership, node_id: int) -> str:
+    """The TF_CONFIG of one worker: the members as a dense worker list, ranked by node id."""
+    members = membership.members
+    order = sorted(members)
+    return json.dumps({"cluster": {"worker": [members[m] for m in order]},
+                       "task": {"type": "worker", "index": order.index(node_id)}})
+
+
+class RestartElasticity:
+    """The agent's orchestrator nodes (one per local worker) and when to restart them all."""
+
+    restarts_on_membership_change = True
+
+    def __init__(self, spec: WorkerSpec, addresses: list[str], wake: threading.Event):
+        self.spec = spec
+        self._addresses = addresses
+        self._wake = wake
+        self._changed = threading.Event()
+        self._clients = [self._new_client() for _ in addresses]
+        self.membership: Membership | None = None
+        self._generation = 0
+
+    # --------------------------------------------------------------- rendezvous
+
+    def rendezvous(self) -> Membership:
+        """Joins (or re-joins) every local node; returns the generation they all belong to."""
+        for slot, client in enumerate(self._clients):
+            if isinstance(client.heartbeat_error, NodeRemovedError):
+                # The orchestrator gave up on this node (e.g. it stalled): come back as a new one.
+                logger.warning("node %s was removed (%s); joining as a new node", client.node_id,
+                               client.heartbeat_error)
+                client.close()
+                self._clients[slot] = self._new_client()
+        with ThreadPoolExecutor(len(self._clients)) as pool:
+            memberships = list(pool.map(self._join, range(len(self._clients))))
+        # Slots that joined a generation a moment before the others' join ended it catch up.
+        latest = max(m.generation for m in memberships)
+        for slot, m in enumerate(memberships):
+            if m.generation < latest:
+                memberships[slot] = self._join(slot)
+        self.membership = memberships[0]
+        self._generation = self.membership.generation
+        self._changed.clear()
+        return self.membership
+
+    def _join(self, slot: int) -> Membership:
+        client = self._clients[slot]
+        try:
+            if client.node_id is None:
+                membership = client.join(self._addresses[slot], self.spec.min_nodes,
+                                         self.spec.max_nodes, timeout=self.spec.join_timeout)
+                client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat)
+                return membership
+            return client.join(timeout=self.spec.join_timeout)
+        except RunFailedError as e:
+            raise RuntimeError(f"the run failed on the orchestrator: {e.message}") from None
+
+    def refresh(self) -> None:
+        """Heartbeat replies keep this mode's view current."""
+
+    def _new_client(self) -> Client:
+        return Client(self.spec.rdzv_endpoint, self.spec.run_id, self.spec.token)
+
+    def _on_heartbeat(self, info: HeartbeatInfo) -> None:
+        world = 0 if self.membership is None else self.membership.world_size
+        if (info.state == "FAILED" or info.generation > self._generation or info.removed
+                or (info.waiting > 0 and world < self.spec.max_nodes)):
+            self._changed.set()
+            self._wake.set()
+
+    # ------------------------------------------------------------------ queries
+
+    def membership_changed(self) -> bool:
+        if any(c.heartbeat_error is not None for c in self._clients):
+            return True
+        return self._changed.is_set()
+
+    def node_id(self, slot: int) -> int | None:
+        return self._clients[slot].node_id
+
+    def node_ids(self) -> list[int | None]:
+        return [c.node_id for c in self._clients]
+
+    def generation(self) -> int:
+        return self._generation
+
+    def world_size(self) -> int:
+        return 0 if self.membership is None else self.membership.world_size
+
+    def worker_env(self, slot: int) -> dict[str, str]:
+        node_id = self._clients[slot].node_id
+        return {"TF_CONFIG": tf_config(self.membership, node_id),
+                "TFE_NODE_ID": str(node_id), "TFE_GENERATION": str(self._generation)}
+
+    def new_address(self, slot: int) -> None:
+        """A restarted worker keeps its node and address in this mode."""
+
+    # ----------------------------------------------------------------- endings
+
+    def exit_barrier(self) -> None:
+        """Waits until every member's workers finished too, so no agent leaves a generation early."""
+        def enter(client: Client) -> None:
+            try:
+                client.barrier(f"exit-{self._generation}", timeout=self.spec.exit_barrier_timeout)
+            except GenerationChangedError:
+                pass  # a member that passed the barrier already left
+            except RendezvousError as e:
+                logger.warning("exit barrier of node %s: %s", client.node_id, e.message)
+
+        with ThreadPoolExecutor(len(self._clients)) as pool:
+            list(pool.map(enter, self._clients))
+
+    def leave(self, reason: str) -> None:
+        for client in self._clients:
+            client.stop_heartbeats()
+            if client.node_id is None:
+                continue
+            try:
+                client.leave(reason)
+            except RendezvousError as e:
+                logger.warning("node %s could not leave: %s", client.node_id, e.message)
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()

@@ -1,0 +1,143 @@
+"""What an agent runs (the worker group spec) and the states it moves through."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+import sys
+import tempfile
+
+IN_PROCESS = "in_process"
+RESTART = "restart"
+AUTO = "auto"
+
+# Names an elastic-aware script uses; a script without them is plain MWMS code.
+_ELASTIC_API = re.compile(r"ElasticMultiWorkerMirroredStrategy|tensorflow_elastic\.init\b"
+                          r"|\btfe\.init\b|tensorflow_elastic\.run\b|\btfe\.run\b")
+
+
+class WorkerState(enum.Enum):
+    """The agent's view of its worker group.
+
+    INIT: rendezvous and first start. HEALTHY: every worker runs (or some have
+    finished). UNHEALTHY: a worker failed and the agent is deciding or
+    restarting. SUCCEEDED / FAILED: final. STOPPED: a signal ended the group.
+    """
+
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    STOPPED = "STOPPED"
+
+
+@dataclasses.dataclass
+class WorkerSpec:
+    """Everything an agent needs to start and restart its workers.
+
+    ``min_nodes``/``max_nodes`` count orchestrator nodes, i.e. worker
+    processes across every agent of the run. ``host`` is the address the
+    workers' TensorFlow servers are reached at; ``first_port`` (0: any) is the
+    first worker's port, later workers and restarted ones take free ports.
+    """
+
+    entrypoint: str
+    args: list[str]
+    rdzv_endpoint: str
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int = 1
+    host: str = "127.0.0.1"
+    first_port: int = 0
+    max_restarts: int = 3
+    monitor_interval: float = 1.0
+    mode: str = AUTO
+    token: str | None = None
+    events_file: str | None = None
+    log_dir: str | None = None
+    stop_timeout: float = 30.0
+    join_timeout: float = 600.0
+    exit_barrier_timeout: float = 300.0
+    progress_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {self.min_nodes}:{self.max_nodes}")
+        if self.nproc_per_node < 1:
+            raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if self.nproc_per_node > self.max_nodes:
+            raise ValueError(f"nproc_per_node={self.nproc_per_node} workers would exceed "
+                             f"max_nodes={self.max_nodes}; raise the maximum of --nnodes")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.monitor_interval <= 0:
+            raise ValueError(f"monitor_interval must be > 0, got {self.monitor_interval}")
+        if self.mode not in (AUTO, IN_PROCESS, RESTART):
+            raise ValueError(f"mode must be {AUTO}, {IN_PROCESS} or {RESTART}, got {self.mode!r}")
+
+    @property
+    def is_python(self) -> bool:
+        return self.entrypoint.endswith(".py")
+
+    def command(self) -> list[str]:
+        """A Python script runs through the bootstrap (error files); anything else runs as is."""
+        if self.is_python:
+            return [sys.executable, "-u", "-m", "tensorflow_elastic.agent.bootstrap",
+                    self.entrypoint, *self.args]
+        return [self.entrypoint, *self.args]
+
+    def resolved_mode(self) -> tuple[str, str]:
+        """(mode, why): in-process for scripts that use the elastic API, restart-based otherwise."""
+        if self.mode != AUTO:
+            return self.mode, "chosen with --elastic_mode"
+        if not self.is_python:
+            return RESTART, "the entrypoint is not a Python script"
+        with open(self.entrypoint, encoding="utf-8", errors="replace") as f:
+            source = f.read()
+        if _ELASTIC_API.search(source):
+            return IN_PROCESS, "the script uses tensorflow_elastic's elastic API"
+        return RESTART, ("the script does not call tensorflow_elastic.init(); it gets TF_CONFIG "
+                         "and is restarted on every membership change")
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """'N' or 'MIN:MAX' -> (min, max), with a message that says what is wrong."""
+    parts = value.split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"--nnodes must be N or MIN:MAX (e.g. 2:4), got {value!r}") from None
+    if low < 1 or low > high:
+        raise ValueError(f"--nnodes {value}: need 1 <= MIN <= MAX")
+    return low, high
+
+
+def parse_endpoint(value: str) -> tuple[str, int]:
+    """'HOST:PORT' -> (host, port)."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:29400), got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+def default_log_dir(run_id: str) -> str:
+    """A new directory for this launcher's error files."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_id)
+    return tempfile.mkdtemp(prefix=f"tfelastic-{safe}-")
+
+
+def worker_env(extra: dict[str, str]) -> dict[str, str]:
+    """This process's environment plus ``extra``, with unbuffered Python output."""
+    env = dict(os.environ)
+    env.update(extra)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

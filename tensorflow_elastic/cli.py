@@ -1,0 +1,98 @@
+"""``tfelastic``: inspect elastic runs from the command line.
+
+Subcommands:
+  status   members, generation, waiting nodes and recent history of the runs
+           an orchestrator serves.
+  plot     world size and step rate over time from a job's events file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tensorflow_elastic.observability import plot
+from tensorflow_elastic.rendezvous import auth
+from tensorflow_elastic.rendezvous.client import Client
+from tensorflow_elastic.rendezvous.errors import RendezvousError
+from tensorflow_elastic.rendezvous.types import RunStatus
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfelastic", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    status = commands.add_parser(
+        "status", help="show the runs of an orchestrator",
+        description="Prints, for each run the orchestrator serves (or only --run_id), its "
+                    "state, generation, members and waiting nodes with the seconds since each "
+                    "was last heard from, blocked addresses and the latest history.")
+    status.add_argument("--rdzv_endpoint", required=True, metavar="HOST:PORT",
+                        help="the orchestrator's address")
+    status.add_argument("--run_id", help="show only this run")
+    status.add_argument("--token_file", help="file holding the orchestrator's shared token "
+                        f"(default: ${auth.TOKEN_ENV} if set)")
+    status.add_argument("--tls_ca", help="PEM certificate to trust when the orchestrator uses TLS")
+    status.add_argument("--history", type=int, default=10, metavar="N",
+                        help="history entries to show per run (default: %(default)s)")
+    status.set_defaults(func=_status)
+    plot.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        token = auth.load_token(args.token_file)
+    except (OSError, ValueError) as e:
+        print(f"tfelastic status: {e}", file=sys.stderr)
+        return 2
+    with Client(args.rdzv_endpoint, args.run_id or "", token, tls_ca=args.tls_ca,
+                retry_timeout=5.0) as client:
+        try:
+            runs = client.status(all_runs=not args.run_id)
+        except RendezvousError as e:
+            print(f"tfelastic status: {args.rdzv_endpoint}: {e.code.name}: {e.message}",
+                  file=sys.stderr)
+            return 1
+    if not runs:
+        print(f"no runs on {args.rdzv_endpoint}")
+    for run in runs:
+        print(format_run(run, args.history))
+    return 0
+
+
+def format_run(run: RunStatus, history: int = 10) -> str:
+    """A readable table of one run."""
+    m = run.membership
+    lines = [f"run {run.run_id}: {run.state}, generation {m.generation}, "
+             f"{m.world_size} member(s) (min {run.min_nodes}, max {run.max_nodes})"
+             + (f", chief {m.chief_id}" if m.members else "")]
+    if run.reason:
+        lines.append(f"  {'failed' if run.state == 'FAILED' else 'last change'}: {run.reason}")
+    rows = [("NODE", "ROLE", "ADDRESS", "SILENT")]
+    rows += [(str(n.node_id), n.role, n.address, f"{n.silent_s:.1f}s") for n in run.nodes]
+    lines += ["  " + line for line in _table(rows)]
+    for address, failures, remaining in run.blocklist:
+        lines.append(f"  blocked: {address} ({failures} failures, {remaining:.0f}s left)")
+    if history > 0 and run.history:
+        lines.append("  history:")
+        for h in run.history[-history:]:
+            stamp = time.strftime("%H:%M:%S", time.localtime(h["time"]))
+            lines.append(f"    {stamp}  gen {h['generation']:<3} {h['event']:<20} "
+                         f"{h['nodes']}  {h['detail']}")
+    return "\n".join(lines)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

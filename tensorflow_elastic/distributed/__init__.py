@@ -1,0 +1,1 @@
+"""Launchers: ``tfelastic-run`` (one node) and ``tensorflowrun`` (many hosts from a discovery script)."""

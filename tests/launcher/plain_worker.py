@@ -1,0 +1,47 @@
+"""A worker without TensorFlow, for launcher tests that need processes, not training.
+
+It prints its world size from TF_CONFIG (restart-based mode) and then, by its
+flags: raises (a crash with a traceback), runs for some seconds, or runs until
+a stop file appears; it writes a done file when it ends normally. SIGTERM
+makes it print "got SIGTERM" and exit 0 (a graceful leave).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--crash", action="store_true")
+parser.add_argument("--seconds", type=float, default=0.0)
+parser.add_argument("--stop_file")
+parser.add_argument("--done_file")
+parser.add_argument("--max_seconds", type=float, default=120.0)
+args = parser.parse_args()
+
+
+def on_sigterm(signum, frame):
+    print("got SIGTERM", flush=True)
+    sys.exit(0)
+
+
+signal.signal(signal.SIGTERM, on_sigterm)
+world = len(json.loads(os.environ.get("TF_CONFIG", '{"cluster": {"worker": []}}'))["cluster"]["worker"])
+print(json.dumps({"world": world, "node": os.environ.get("TFE_NODE_ID"),
+                  "restart_count": os.environ.get("TFE_RESTART_COUNT")}), flush=True)
+if args.crash:
+    raise ZeroDivisionError("the worker divided by zero on purpose")
+deadline = time.monotonic() + (args.seconds if args.seconds else args.max_seconds)
+while time.monotonic() < deadline:
+    if args.stop_file and os.path.exists(args.stop_file):
+        break
+    time.sleep(0.1)
+else:
+    if args.stop_file:
+        sys.exit(f"stop file {args.stop_file} did not appear in {args.max_seconds} s")
+if args.done_file:
+    with open(args.done_file, "w") as f:
+        f.write("done")
+print("finished", flush=True)

@@ -1,0 +1,111 @@
+"""Unit tests of the agent's and the timeline's pieces (no processes)."""
+
+import json
+
+import pytest
+
+from tensorflow_elastic import events
+from tensorflow_elastic.agent.errors import WorkerFailure, root_cause_summary, write_error_file
+from tensorflow_elastic.agent.restart import tf_config
+from tensorflow_elastic.agent.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
+from tensorflow_elastic.distributed.hosts import Cooldown
+from tensorflow_elastic.observability import StepReporter, plot, timeline
+from tensorflow_elastic.observability.progress import ProgressTracker
+from tensorflow_elastic.rendezvous import Membership
+
+
+def test_nnodes_forms():
+    assert parse_nnodes("3") == (3, 3) and parse_nnodes("2:4") == (2, 4)
+    for bad in ("0", "4:2", "a", "1:2:3"):
+        with pytest.raises(ValueError):
+            parse_nnodes(bad)
+
+
+def test_tf_config_ranks_members_by_node_id():
+    m = Membership(None, 3, {7: "h:7", 2: "h:2", 5: "h:5"}, 2)
+    config = json.loads(tf_config(m, 5))
+    assert config == {"cluster": {"worker": ["h:2", "h:5", "h:7"]},
+                      "task": {"type": "worker", "index": 1}}
+
+
+def test_mode_is_detected_from_the_script(tmp_path):
+    elastic, plain = tmp_path / "a.py", tmp_path / "b.py"
+    elastic.write_text("import tensorflow_elastic as tfe\nruntime = tfe.init()\n")
+    plain.write_text("import tensorflow as tf\ntf.distribute.MultiWorkerMirroredStrategy()\n")
+    spec = dict(args=[], rdzv_endpoint="h:1", run_id="r", min_nodes=1, max_nodes=1)
+    assert WorkerSpec(str(elastic), **spec).resolved_mode()[0] == IN_PROCESS
+    assert WorkerSpec(str(plain), **spec).resolved_mode()[0] == RESTART
+    assert WorkerSpec(str(elastic), mode=RESTART, **spec).resolved_mode()[0] == RESTART
+
+
+def test_root_cause_is_the_earliest_failure_with_its_traceback(tmp_path):
+    try:
+        raise KeyError("missing feature")
+    except KeyError as e:
+        write_error_file(e, str(tmp_path / "error.json"))
+    late = WorkerFailure(1, 4, 101, -9, time=2e9, output_tail=["last line"])
+    early = WorkerFailure.collect(0, 3, 100, 1, str(tmp_path / "error.json"), ["ignored"])
+    text = root_cause_summary([late, early], "title")
+    first, others = text.split("Other failures:")
+    assert "node:       3" in first and "KeyError: 'missing feature'" in first
+    assert 'raise KeyError("missing feature")' in first
+    assert "node 4 (local rank 1, pid 101): killed by SIGKILL" in others
+
+
+def test_cooldown_doubles_up_to_the_maximum():
+    cooldown = Cooldown(base_s=10, max_s=25)
+    assert [cooldown.record_failure("h") for _ in range(3)] == [10, 20, 25]
+    assert cooldown.cooling("h") and not cooldown.cooling("other")
+
+
+def _write(path, entries):
+    log = events.EventLog(str(path))
+    for e in entries:
+        log.record(**e)
+    log.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    for line, e in zip(lines, entries):
+        line["time"] = e["t"]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_timeline_merges_an_incident_and_measures_recovery_and_lost_steps(tmp_path):
+    path = tmp_path / "events.jsonl"
+    _write(path, [
+        dict(event="generation_start", generation=1, world_size=3, t=100.0),
+        dict(event="step", node=0, step=10, t=101.0),
+        dict(event="step", node=1, step=10, t=101.0),
+        dict(event="step", node=0, step=20, t=102.0),
+        dict(event="failure_detected", failed=[2], cause="killed", t=102.5),
+        dict(event="failure_detected", failed=[2], cause="unreachable", t=102.6),
+        dict(event="generation_start", generation=2, world_size=2, t=103.0),
+        dict(event="step", node=0, step=15, t=104.0),
+        dict(event="step", node=0, step=25, t=105.0),
+        dict(event="node_joined", node=3, t=106.0),
+        dict(event="job_complete", t=107.0),
+    ])
+    result = timeline.load(str(path))
+    assert result.world == [(100.0, 3), (103.0, 2)]
+    assert [s for _, s in result.steps] == [10, 20, 15, 25]
+    [incident] = result.incidents
+    assert incident.failed == [2] and incident.recovery_s == pytest.approx(1.5)
+    assert incident.lost_steps == 5
+    text = timeline.summary(result)
+    assert "job completed" in text and "recovered in <= 1.50 s, lost steps 5" in text
+    png = tmp_path / "t.png"
+    plot.plot_timeline(result, str(png))
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_step_reporter_and_progress_line(tmp_path):
+    path = tmp_path / "events.jsonl"
+    reporter = StepReporter(every=10, path=str(path))
+    for step in range(1, 36):
+        reporter.report(step, world_size=2)
+    assert [e["step"] for e in events.read_events(str(path), events.STEP)] == [1, 11, 21, 31]
+    tracker = ProgressTracker(str(path))
+    assert tracker.line(2).startswith("progress: step 31, world size 2")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="holds no events"):
+        timeline.load(str(empty))

@@ -1,0 +1,103 @@
+"""The launcher with real TensorFlow workers: in-process elasticity (seed usage, graceful leave,
+a killed worker coming back as a new node) and restart-based elasticity of a plain MWMS script."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from tensorflow_elastic import events
+
+pytestmark = pytest.mark.multiprocess
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CUSTOM_LOOP = os.path.join(REPO_ROOT, "examples", "custom_loop.py")
+
+
+def _steps(proc, node: int) -> list[dict]:
+    """The JSON step lines the elastic test worker printed under ``[node N]``."""
+    prefix = f"[node {node}] "
+    return [json.loads(line[len(prefix):]) for line in list(proc.lines)
+            if line.startswith(prefix + '{"node"')]
+
+
+def test_seed_usage_two_launchers_then_a_preempted_one_leaves_gracefully(start, scripts, port,
+                                                                          tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    orchestrator = start("--standalone", f"--rdzv_endpoint=127.0.0.1:{port()}",
+                         f"--events_file={events_file}", "start")
+    endpoint = orchestrator.wait_for(r"listening on (\S+)")[0].group(1)
+    common = [f"--rdzv_endpoint={endpoint}", "--nnodes=2:3", f"--events_file={events_file}"]
+    a = start("--monitor_interval=1", f"--address=127.0.0.1:{port()}", "--nproc_per_node=2",
+              *common, scripts.elastic, "80", "0.05")
+    b = start("--monitor_interval=1", "--address=127.0.0.1", *common, scripts.elastic, "80", "0.05")
+    b_node = int(b.wait_for(r'^\[node (\d+)\] \{"node"')[0].group(1))
+    b.wait_for(r'"step": 10,')
+    b.signal(signal.SIGTERM)  # a preemption notice for b's machine
+    assert b.wait() == 0, b.output
+    assert a.wait() == 0, a.output
+    a_nodes = sorted({int(m.group(1)) for m in a.wait_for(r'^\[node (\d+)\] \{"done"', count=2)})
+    for node in a_nodes:
+        steps = _steps(a, node)
+        assert steps[-1]["step"] == 80 and steps[-1]["world"] == 2
+        assert [s["step"] for s in steps] == sorted({s["step"] for s in steps}), "work redone"
+    left = [e for e in events.read_events(str(events_file), events.NODE_LEFT)
+            if e.get("source") == "worker"]
+    assert [e["node"] for e in left] == [b_node]
+    assert list(events.read_events(str(events_file), events.STATE_RESTORED)) == []
+
+
+def test_killed_elastic_worker_comes_back_as_a_new_node_and_the_plot_shows_it(start, tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    proc = start("--standalone", "--nnodes=2:3", "--nproc_per_node=3", "--max_restarts=1",
+                 "--monitor_interval=0.5", f"--events_file={events_file}", CUSTOM_LOOP,
+                 "--steps=240", "--step_sleep=0.05")
+    proc.wait_for(r"\] step 50 loss")
+    first_nodes = {int(m.group(1)) for m in proc.wait_for(r"^\[node (\d+)\] step 50 ", count=3)}
+    victim = proc.worker_pids()[2][0]
+    os.kill(victim, signal.SIGKILL)
+    assert proc.wait(240) == 0, proc.output
+    assert len(proc.worker_pids()[2]) == 2  # restarted once
+    done_nodes = {int(m.group(1)) for m in proc.wait_for(r"^\[node (\d+)\] done: 240 steps",
+                                                         count=3)}
+    assert len(done_nodes - first_nodes) == 1, "the restarted worker did not join as a new node"
+    assert "killed by SIGKILL" in proc.output
+    starts = list(events.read_events(str(events_file), events.GENERATION_START))
+    assert [e["world_size"] for e in starts if e.get("source") == "orchestrator"][-1] == 3
+    assert min(e["world_size"] for e in starts) == 2  # the survivors went on without the victim
+
+    png = tmp_path / "timeline.png"
+    plot = subprocess.run([sys.executable, "-m", "tensorflow_elastic.cli", "plot",
+                           str(events_file), "-o", str(png)],
+                          capture_output=True, text=True, timeout=120)
+    assert plot.returncode == 0, plot.stderr
+    assert png.stat().st_size > 10_000
+    assert re.search(r"failure 1 at \+[\d.]+ s \(nodes \[\d+\]\): recovered in", plot.stdout), \
+        plot.stdout
+
+
+def test_plain_mwms_script_survives_a_kill_and_resumes_from_its_backup(start, scripts, tmp_path):
+    backup = tmp_path / "backup"
+    events_file = tmp_path / "events.jsonl"
+    proc = start("--standalone", "--nnodes=2", "--nproc_per_node=2", "--monitor_interval=0.5",
+                 f"--events_file={events_file}", scripts.mwms, str(backup), "40", "0.1")
+    assert "[agent] restart elasticity: the script does not call" in \
+        proc.wait_for(r"\[agent\] restart elasticity")[0].string
+    proc.wait_for(r'"step": 12,')
+    os.kill(proc.worker_pids()[1][0], signal.SIGKILL)
+    assert proc.wait(240) == 0, proc.output
+    pids = proc.worker_pids()
+    assert len(pids[0]) == 2 and len(pids[1]) == 2  # the whole group restarted once
+    records = [json.loads(line.split("] ", 1)[1]) for line in proc.lines
+               if re.match(r"^\[node \d\] \{", line)]
+    resumed = {r["resumed_from"] for r in records if "resumed_from" in r}
+    assert max(resumed) >= 10, "the restarted workers did not resume from the backup"
+    assert [r["step"] for r in records if r.get("done")] == [40, 40]
+    agent_starts = [e for e in events.read_events(str(events_file), events.GENERATION_START)
+                    if e.get("source") == "agent"]
+    assert len({e["generation"] for e in agent_starts}) == 2
+    assert "1 worker failure(s) on this node were survived" in proc.output
