@@ -95,14 +95,22 @@ class TensorFlowState(State):
         object.__setattr__(self, "_saved", None)
         object.__setattr__(self, "_snapshot", None)
         object.__setattr__(self, "_assign", None)
+        object.__setattr__(self, "_function_inputs", 0)
         self._build_functions()
         self.save()
 
-    def _all_variables(self) -> list[tf.Variable]:
+    def _tracked_variables(self) -> list[tf.Variable]:
         return self._variables
+
+    def _all_variables(self) -> list[tf.Variable]:
+        """The state's variables plus the cursors of the strategy's elastic inputs."""
+        strategy = runtime_lib.current().strategy
+        cursors = [] if strategy is None else strategy.extended.input_cursors
+        return self._tracked_variables() + list(cursors)
 
     def _build_functions(self) -> None:
         variables = self._all_variables()
+        object.__setattr__(self, "_function_inputs", len(variables))
 
         local_copies = [_local_copy(v) for v in variables]
 
@@ -120,8 +128,11 @@ class TensorFlowState(State):
 
     def save(self) -> None:
         super().save()
-        if self._snapshot is not None:
-            self._saved = self._snapshot() if self._all_variables() else []
+        if self._snapshot is None:
+            return
+        if len(self._all_variables()) != self._function_inputs:
+            self._build_functions()  # an elastic input was created after the state
+        self._saved = self._snapshot() if self._function_inputs else []
 
     def restore(self) -> None:
         super().restore()
@@ -151,7 +162,7 @@ class KerasState(TensorFlowState):
                 optimizer.build(model.trainable_variables)
         super().__init__(variables=(), **values)
 
-    def _all_variables(self) -> list[tf.Variable]:
+    def _tracked_variables(self) -> list[tf.Variable]:
         variables = list(self._model.variables)
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)

@@ -16,6 +16,8 @@ from tensorflow.python.distribute import collective_util, distribute_lib
 from tensorflow.python.distribute import mirrored_strategy, numpy_dataset, reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
+from tensorflow.python.framework import dtypes, ops
+from tensorflow.python.ops import variables
 from tensorflow.python.training import server_lib
 from tensorflow.python.util import nest
 
@@ -62,6 +64,14 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         self.agreement = CommitAgreement(self._worker_device)
+        # Plain CPU variables the elastic input reads at every batch (not mirrored:
+        # each worker has its own rank).
+        with ops.init_scope(), ops.device("/cpu:0"):
+            self.world_size_variable = variables.Variable(1, dtype=dtypes.int64, trainable=False,
+                                                          name="elastic_world_size")
+            self.rank_variable = variables.Variable(0, dtype=dtypes.int64, trainable=False,
+                                                    name="elastic_rank")
+        self.input_cursors: list = []
         self._set_members(members, self._generation)
 
     def _set_members(self, members: Mapping[int, str], generation: int) -> None:
@@ -73,6 +83,8 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._id_in_cluster = ordered.index(self._node_id)
         self._cluster_spec = server_lib.ClusterSpec({cluster.JOB_NAME: dict(members)})
         self.agreement.regroup(generation, len(ordered))
+        self.world_size_variable.assign(len(ordered))
+        self.rank_variable.assign(self._id_in_cluster)
 
     def regroup(self, members: Mapping[int, str], generation: int) -> None:
         """Moves this process to generation `generation` with `members`; all members call it."""
@@ -167,6 +179,25 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
             return parent.reduce(reduce_op, leaf, leaf_axis)
 
         return nest.map_structure(reduce_leaf, value)
+
+    def distribute_elastic_dataset(self, dataset, global_batch_size: int,
+                                   drop_remainder: bool = False):
+        """This worker's slice of every global batch of `dataset`, following the membership.
+
+        The global batch size stays `global_batch_size` whatever the world
+        size; the input's cursor is part of every State (committed, restored,
+        synced to newcomers), so no sample is lost or seen twice across
+        re-forms. Iterate it directly and pass its batches to `run`; do not
+        wrap it in `experimental_distribute_dataset` (its prefetch would read
+        ahead of the cursor). See docs/elastic_input.md.
+        """
+        from tensorflow_elastic.data import elastic_dataset
+
+        extended = self.extended
+        distributed = elastic_dataset(dataset, global_batch_size, extended.world_size_variable,
+                                      extended.rank_variable, drop_remainder=drop_remainder)
+        extended.input_cursors.append(distributed.cursor)
+        return distributed
 
     @property
     def generation(self) -> int:

@@ -110,7 +110,7 @@ def test_below_min_nodes_fails_clearly(start_orchestrator, start_workers, tmp_pa
 @pytest.mark.parametrize("legacy_keras", [False, True], ids=["keras3", "tf_keras"])
 def test_keras_fit_survives_the_chief_crash(orchestrator, start_workers, tmp_path, legacy_keras):
     workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3,
-                            script="keras_worker.py", args=["3", "20", "0.02"],
+                            script="strategy/keras_worker.py", args=["3", "20", "0.02"],
                             env={"TF_USE_LEGACY_KERAS": "1" if legacy_keras else "0"})
     for w in workers:
         w.wait_for_step(25)
