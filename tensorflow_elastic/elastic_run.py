@@ -43,11 +43,12 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 rt.check_job_alive()
                 logger.warning("collective failed (%s); re-forming", type(error).__name__)
                 rt.report_failure(error)
+                # The steps finished since the last commit, plus the one in flight.
+                lost_steps = state.uncommitted_steps() + 1
                 state.restore()
                 rt.events.record(events.STATE_RESTORED, node=rt.node_id, generation=rt.generation,
-                                 commits=state.commits)
+                                 step=state.commits, lost_steps=lost_steps)
             else:
-                rt.strategy.extended.agreement.drain()
                 rt.finish()
                 return result
             if state.commits == commits_before:

@@ -307,6 +307,10 @@ def ensure_initialized(min_nodes: int | None = None, max_nodes: int | None = Non
     return _runtime if _runtime is not None else init(min_nodes=min_nodes, max_nodes=max_nodes)
 
 
+def current_or_none() -> ElasticRuntime | None:
+    return _runtime
+
+
 def current() -> ElasticRuntime:
     if _runtime is None:
         raise ElasticJobFailed("tensorflow_elastic.init() has not been called in this process")

@@ -44,6 +44,14 @@ class State:
         """How many commits the job has made (a newcomer takes the chief's count)."""
         return self._commits
 
+    def uncommitted_steps(self) -> int:
+        """Steps done since the last commit, by the `step` or `batch` attribute (0 without one)."""
+        for name in ("step", "batch"):
+            live, committed = self._values.get(name), self._committed.get(name)
+            if isinstance(live, int) and isinstance(committed, int):
+                return max(0, live - committed)
+        return 0
+
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Callbacks run after every re-form, e.g. to rescale the learning rate with the world size."""
         self._reset_callbacks.extend(callbacks)
@@ -70,7 +78,7 @@ class State:
         rt = runtime_lib.current()
         rt.check_job_alive()
         rt.report_step(self._commits)
-        if _strategy().extended.agreement.vote(rt.wants_reform()):
+        if _strategy().extended.vote.outcome():
             raise MembershipChanged("membership changes at this commit")
 
     def sync(self) -> None:
@@ -104,7 +112,8 @@ class TensorFlowState(State):
 
     def _all_variables(self) -> list[tf.Variable]:
         """The state's variables plus the cursors of the strategy's elastic inputs."""
-        strategy = runtime_lib.current().strategy
+        rt = runtime_lib.current_or_none()
+        strategy = None if rt is None else rt.strategy
         cursors = [] if strategy is None else strategy.extended.input_cursors
         return self._tracked_variables() + list(cursors)
 

@@ -33,6 +33,8 @@ _BACKOFF_MAX_S = 2.0
 
 # Watch streams end with these when the orchestrator restarts or sheds streams.
 _RESUBSCRIBE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+# A heartbeat that failed with these is simply sent again at the next interval.
+_TRANSIENT = (*_RESUBSCRIBE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -209,8 +211,10 @@ class Client:
                          on_reply: Callable[[HeartbeatInfo], None] | None = None) -> None:
         """Heartbeats every ``interval`` seconds in a daemon thread until :meth:`stop_heartbeats`.
 
-        ``on_reply`` sees every reply; errors end the thread and are kept in
-        :attr:`heartbeat_error`.
+        ``on_reply`` sees every reply. :attr:`heartbeat_error` holds the error
+        of the last heartbeat (None after a success); transient ones
+        (unreachable, cancelled, late) are retried at the next interval, others
+        (node removed, run failed) end the thread.
         """
         self.stop_heartbeats()
         self._heartbeats = _Heartbeats(self, interval, on_reply)
@@ -270,9 +274,12 @@ class _Heartbeats:
         while not self._stop.wait(self._interval):
             try:
                 info = self._client.heartbeat()
-            except Exception as e:  # kept for the owner; a dead thread must say why
-                self.error = e
-                return
+            except RendezvousError as e:
+                self.error = e  # kept for the owner
+                if e.code in _TRANSIENT:
+                    continue
+                return  # removed, run failed, ...: more heartbeats cannot help
+            self.error = None
             if self._on_reply is not None:
                 self._on_reply(info)
 

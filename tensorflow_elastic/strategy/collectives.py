@@ -82,14 +82,19 @@ def _densify(value):
 
 
 class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
-    """CollectiveAllReduce on elastic launchers; MEAN divides by the runtime group size."""
+    """CollectiveAllReduce on elastic launchers; MEAN divides by the runtime group size.
 
-    def __init__(self, devices, group_size, options, collective_keys):
+    When given a `vote` (agreement.ReformVote), every all-reduce also carries
+    this member's re-form vote as one extra element.
+    """
+
+    def __init__(self, devices, group_size, options, collective_keys, vote=None):
         super().__init__(devices, group_size, options, collective_keys=collective_keys)
         group_key = self._collective_keys.get_group_key(self._devices)
         self._launchers = [ElasticReplicaLauncher(group_key, group_size, self._collective_keys,
                                                   device, options) for device in self._devices]
         self._limited_nccl = any(not launcher.can_order_nccl() for launcher in self._launchers)
+        self._vote = vote
 
     @property
     def _num_between_graph_workers(self):
@@ -111,7 +116,19 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
 
     def _all_reduce(self, reduce_op, value, replica_id, options):
         value = nest.map_structure(_densify, value)
-        summed = super()._all_reduce(reduce_util.ReduceOp.SUM, value, replica_id, options)
+        flat = nest.flatten(value)
+        if self._vote is not None and flat and (flat[0].dtype.is_floating
+                                                or flat[0].dtype.is_integer):
+            # Every replica carries a ballot, so all pack the same number of elements.
+            with ops.device(self._devices[replica_id]):
+                ballot = self._vote.ballot(flat[0].dtype)
+            summed = super()._all_reduce(reduce_util.ReduceOp.SUM, flat + [ballot], replica_id,
+                                         options)
+            if replica_id == 0:
+                self._vote.record(summed[-1])
+            summed = nest.pack_sequence_as(value, summed[:-1])
+        else:
+            summed = super()._all_reduce(reduce_util.ReduceOp.SUM, value, replica_id, options)
         if reduce_op != reduce_util.ReduceOp.MEAN:
             return summed
         with ops.device(self._devices[replica_id]):

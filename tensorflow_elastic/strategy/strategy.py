@@ -9,7 +9,7 @@ their collectives read group size and key at call time (collectives.py).
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from tensorflow.python.distribute import collective_all_reduce_strategy as mwms_lib
 from tensorflow.python.distribute import collective_util, distribute_lib
@@ -22,7 +22,7 @@ from tensorflow.python.training import server_lib
 from tensorflow.python.util import nest
 
 from tensorflow_elastic.strategy import cluster, collectives
-from tensorflow_elastic.strategy.agreement import CommitAgreement
+from tensorflow_elastic.strategy.agreement import ReformVote
 
 # Long enough for a first step that builds kernels, short enough that a peer
 # nobody reported still ends in an error rather than a hang.
@@ -33,8 +33,10 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
     """The cluster side: a sparse cluster of permanent ids that can be regrouped."""
 
     def __init__(self, container_strategy, node_id: int, members: Mapping[int, str],
-                 generation: int, communication_options: collective_util.Options):
+                 generation: int, communication_options: collective_util.Options,
+                 wants_reform: Callable[[], bool]):
         self._node_id = node_id
+        self._wants_reform = wants_reform
         self._initial_members = dict(members)
         self._generation = generation
         super().__init__(container_strategy,
@@ -53,17 +55,18 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         local_devices, self._local_device_type = self._initialize_local_devices(
             cluster_resolver, self._worker_device)
         self._num_devices_per_worker = len(local_devices)
+        self.vote = ReformVote(self._worker_device, self._wants_reform)
         # The same order as in regroup(): group keys are handed out in call order.
         self._collective_keys = collectives.collective_keys_for(self._generation)
         world = len(members)
         self._cross_device_ops = collectives.ElasticCollectiveAllReduce(
             local_devices, len(local_devices) * world, self._communication_options,
-            self._collective_keys)
+            self._collective_keys, vote=self.vote)
         self._host_cross_device_ops = collectives.ElasticCollectiveAllReduce(
-            [self._worker_device], world, self._communication_options, self._collective_keys)
+            [self._worker_device], world, self._communication_options, self._collective_keys,
+            vote=self.vote)
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
-        self.agreement = CommitAgreement(self._worker_device)
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
         # each worker has its own rank).
         with ops.init_scope(), ops.device("/cpu:0"):
@@ -82,7 +85,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._is_chief = self._node_id == ordered[0]
         self._id_in_cluster = ordered.index(self._node_id)
         self._cluster_spec = server_lib.ClusterSpec({cluster.JOB_NAME: dict(members)})
-        self.agreement.regroup(generation, len(ordered))
+        self.vote.regroup(generation, len(ordered))
         self.world_size_variable.assign(len(ordered))
         self.rank_variable.assign(self._id_in_cluster)
 
@@ -154,7 +157,8 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
                 timeout_seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
         elastic = runtime.ensure_initialized(min_nodes=min_nodes, max_nodes=max_nodes)
         node_id, members, generation = elastic.initial_cluster()
-        extended = ElasticExtended(self, node_id, members, generation, communication_options)
+        extended = ElasticExtended(self, node_id, members, generation, communication_options,
+                                   elastic.wants_reform)
         distribute_lib.Strategy.__init__(self, extended)
         self._elastic_runtime = elastic
         elastic.attach_strategy(self)

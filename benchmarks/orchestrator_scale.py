@@ -1,0 +1,256 @@
+"""How the orchestrator scales: N simulated nodes join, heartbeat, watch; one dies.
+
+Starts a real orchestrator process and a few client processes, each
+simulating N/P light nodes on one asyncio gRPC channel. Every node joins at
+once, opens a Watch stream and heartbeats once a second. Measured:
+
+* rendezvous_s: from the last join sent to every node released with the
+  generation (max_nodes = N, so the last call never applies);
+* heartbeat_p50_ms / heartbeat_p99_ms: heartbeat round trips over a steady
+  window (client side, so client scheduling delay counts against us);
+* reform_after_kill_s: one node stops heartbeating and watching; from its last
+  heartbeat to every survivor's Watch showing the next generation, minus the
+  configured heartbeat timeout.
+
+The last line printed is the JSON result.
+
+    python benchmarks/orchestrator_scale.py --nodes 1000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_ID = "bench"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float) -> None:
+    """One client process: its nodes, driven by commands from the parent over ``conn``."""
+    import grpc
+
+    from tensorflow_elastic.proto import rendezvous_pb2 as pb
+    from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+
+    loop = asyncio.get_running_loop()
+
+    async def command():
+        return await loop.run_in_executor(None, conn.recv)
+
+    channel = grpc.aio.insecure_channel(endpoint, options=[
+        ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+    stub = pb_grpc.RendezvousStub(channel)
+    await channel.channel_ready()
+    assert await command() == "join"
+
+    async def join(i: int):
+        sent = time.time()
+        r = await stub.Join(pb.JoinRequest(
+            run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
+            min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}", timeout_s=600),
+            timeout=610)
+        return r.node_id, r.membership.generation, sent, time.time()
+
+    joined = await asyncio.gather(*(join(i) for i in indices))
+    ids = [j[0] for j in joined]
+    conn.send([(sent, released) for _, _, sent, released in joined])
+
+    measuring = {"on": False}
+    early = {"reform": False}
+    latencies: list[float] = []
+    killed: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    all_seen = asyncio.Event()
+
+    async def heartbeat(k: int, node_id: int) -> None:
+        await asyncio.sleep(interval * k / len(ids))
+        next_at = loop.time()
+        while node_id not in killed:
+            sent_wall, t0 = time.time(), time.perf_counter()
+            try:
+                reply = await stub.Heartbeat(pb.HeartbeatRequest(
+                    run_id=RUN_ID, node_id=node_id, generation=1), timeout=30)
+            except grpc.aio.AioRpcError as e:  # like Client: sent again at the next interval
+                heartbeat_errors.append(f"{e.code().name}: {e.debug_error_string()}")
+            else:
+                if reply.generation > 1 and not killed:
+                    early["reform"] = True
+                if measuring["on"]:
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                last_sent[node_id] = sent_wall
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+
+    async def watch(node_id: int) -> None:
+        # Like Client.watch: a broken stream is opened again (it restarts with the current state).
+        while True:
+            try:
+                async for update in stub.Watch(pb.WatchRequest(run_id=RUN_ID, node_id=node_id)):
+                    if update.membership.generation >= 2:
+                        seen[node_id] = time.time()
+                        if len(seen) == len(ids) - len(killed):
+                            all_seen.set()
+                        return
+            except grpc.aio.AioRpcError as e:
+                watch_errors.append(f"{e.code().name}: {e.debug_error_string()}")
+                await asyncio.sleep(0.05)
+
+    last_sent: dict[int, float] = {}
+    watch_errors: list[str] = []
+    heartbeat_errors: list[str] = []
+    watches = {node_id: loop.create_task(watch(node_id)) for node_id in ids}
+    beats = [loop.create_task(heartbeat(k, node_id)) for k, node_id in enumerate(ids)]
+    conn.send("running")
+    while True:
+        cmd = await command()
+        if cmd == "measure":
+            measuring["on"] = True
+        elif cmd == "stop_measure":
+            measuring["on"] = False
+            conn.send((latencies, early["reform"], list(watch_errors) + heartbeat_errors))
+        elif cmd == "kill":
+            victim = ids[0]
+            killed[victim] = time.time()
+            watches[victim].cancel()
+            await asyncio.sleep(interval * 1.5)  # let its heartbeat loop notice and end
+            conn.send(last_sent[victim])
+        elif cmd == "wait_reform":
+            try:
+                await asyncio.wait_for(all_seen.wait(), 120)
+                conn.send((max(seen.values()), watch_errors))
+            except asyncio.TimeoutError:
+                conn.send(f"{len(seen)} of {len(ids) - len(killed)} nodes saw it")
+        elif cmd == "exit":
+            break
+    for task in beats + list(watches.values()):
+        task.cancel()
+    await channel.close()
+
+
+def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float) -> None:
+    sys.path.insert(0, REPO_ROOT)
+    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval))
+
+
+def _start_orchestrator(heartbeat_timeout: float) -> tuple[subprocess.Popen, str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host", "127.0.0.1",
+         "--port", "0", "--heartbeat_timeout", str(heartbeat_timeout), "--last_call", "600"],
+        stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith("listening on "):
+            return proc, "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise RuntimeError("the orchestrator did not start")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=100,
+                        help="simulated nodes (default: %(default)s)")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="client processes (default: 1 per 250 nodes, at most 4)")
+    parser.add_argument("--heartbeat_interval", type=float, default=1.0,
+                        help="seconds between two heartbeats of a node (default: %(default)s)")
+    parser.add_argument("--heartbeat_timeout", type=float, default=5.0,
+                        help="the orchestrator's --heartbeat_timeout (default: %(default)s)")
+    parser.add_argument("--measure_s", type=float, default=10.0,
+                        help="seconds of steady heartbeats measured (default: %(default)s)")
+    parser.add_argument("--endpoint", metavar="HOST:PORT",
+                        help="use this running orchestrator (started with --heartbeat_timeout "
+                             "as given here and a long --last_call) instead of starting one")
+    args = parser.parse_args(argv)
+    processes = args.processes or min(4, max(1, args.nodes // 250))
+    # On SIGTERM, unwind through the finally below so that no child outlives us.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+
+    if args.endpoint:
+        server, endpoint = None, args.endpoint
+    else:
+        server, endpoint = _start_orchestrator(args.heartbeat_timeout)
+    ctx = mp.get_context("spawn")
+    conns, workers = [], []
+    try:
+        for p in range(processes):
+            parent, child = ctx.Pipe()
+            indices = list(range(p, args.nodes, processes))
+            worker = ctx.Process(target=_client_process, args=(
+                child, endpoint, indices, args.nodes, args.heartbeat_interval), daemon=True)
+            worker.start()
+            conns.append(parent)
+            workers.append(worker)
+
+        def broadcast(cmd: str) -> list:
+            for c in conns:
+                c.send(cmd)
+            return [c.recv() for c in conns]
+
+        times = [t for reply in broadcast("join") for t in reply]
+        rendezvous_s = max(r for _, r in times) - max(s for s, _ in times)
+        print(f"{args.nodes} nodes joined; rendezvous {rendezvous_s:.3f} s", flush=True)
+        for c in conns:
+            assert c.recv() == "running"
+        time.sleep(2 * args.heartbeat_interval)  # warm up: every node heartbeats and watches
+        for c in conns:
+            c.send("measure")
+        time.sleep(args.measure_s)
+        replies = broadcast("stop_measure")
+        if any(early for _, early, _ in replies):
+            failed = [e for _, _, errors in replies for e in errors]
+            raise RuntimeError(f"a node was declared dead before the kill: heartbeats were "
+                               f"delayed beyond --heartbeat_timeout; the machine is overloaded "
+                               f"({len(failed)} calls failed: {failed[:3]})")
+        latencies = [x for lat, _, _ in replies for x in lat]
+        print(f"{len(latencies)} heartbeats measured", flush=True)
+        conns[0].send("kill")
+        last_heartbeat = conns[0].recv()
+        reformed = broadcast("wait_reform")
+        if any(isinstance(r, str) for r in reformed):
+            raise RuntimeError(f"survivors did not all see the next generation within 120 s: "
+                               f"{[r for r in reformed if isinstance(r, str)]}")
+        reform_s = max(seen for seen, _ in reformed) - last_heartbeat - args.heartbeat_timeout
+        errors = [e for _, errs in reformed for e in errs]
+        if errors:
+            print(f"{len(errors)} watch streams broke and were opened again: "
+                  f"{sorted(set(errors))[:3]}", flush=True)
+        for c in conns:
+            c.send("exit")
+        for w in workers:
+            w.join(timeout=30)
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.kill()
+        if server is not None:
+            server.kill()
+            server.wait(timeout=30)
+
+    print(json.dumps({"nodes": args.nodes, "rendezvous_s": round(rendezvous_s, 4),
+                      "heartbeat_p50_ms": round(_percentile(latencies, 50), 3),
+                      "heartbeat_p99_ms": round(_percentile(latencies, 99), 3),
+                      "reform_after_kill_s": round(reform_s, 4)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""State objects in one process: snapshots, rollback, uncommitted steps, reset callbacks.
+
+Commit's vote and sync need a cluster; tests/strategy covers them with real workers.
+"""
+
+import pytest
+import tensorflow as tf
+
+import tensorflow_elastic as tfe
+
+
+def test_attributes_roll_back_to_the_last_save():
+    state = tfe.State(epoch=0, batch=0, history=[])
+    state.batch = 3
+    state.history.append("a")
+    state.save()
+    state.batch = 7
+    state.epoch = 1
+    state.history.append("b")
+    state.restore()
+    assert (state.epoch, state.batch, state.history) == (0, 3, ["a"])
+
+
+def test_saved_values_are_copies():
+    state = tfe.State(history=[1])
+    state.history.append(2)
+    state.restore()
+    assert state.history == [1]
+
+
+def test_unknown_attribute_is_an_attribute_error():
+    with pytest.raises(AttributeError):
+        tfe.State(step=0).missing
+
+
+@pytest.mark.parametrize("name", ["step", "batch"])
+def test_uncommitted_steps_counts_progress_since_the_save(name):
+    state = tfe.State(**{name: 5})
+    setattr(state, name, 8)
+    assert state.uncommitted_steps() == 3
+    state.save()
+    assert state.uncommitted_steps() == 0
+
+
+def test_uncommitted_steps_without_a_counter_is_zero():
+    assert tfe.State(epoch=1).uncommitted_steps() == 0
+
+
+def test_reset_callbacks_run_in_order():
+    calls = []
+    state = tfe.State()
+    state.register_reset_callbacks([lambda: calls.append(1), lambda: calls.append(2)])
+    state.on_reset()
+    state.on_reset()
+    assert calls == [1, 2, 1, 2]
+
+
+def test_tensorflow_state_restores_variables_after_updates():
+    weights = tf.Variable([1.0, 2.0])
+    counter = tf.Variable(3, dtype=tf.int64)
+    state = tfe.TensorFlowState([weights, counter], step=0)
+    weights.assign_add([10.0, 10.0])
+    counter.assign(9)
+    state.step = 1
+    state.save()
+    weights.assign([0.0, 0.0])
+    counter.assign(0)
+    state.step = 2
+    state.restore()
+    assert weights.numpy().tolist() == [11.0, 12.0]
+    assert int(counter.numpy()) == 9
+    assert state.step == 1
+
+
+def test_a_snapshot_is_not_changed_by_later_in_place_updates():
+    weights = tf.Variable(tf.ones([64]))
+    state = tfe.TensorFlowState([weights])
+    for _ in range(3):
+        weights.assign_sub(tf.ones([64]))
+    state.restore()
+    assert float(tf.reduce_sum(weights)) == 64.0
