@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from tensorflow_elastic import events
@@ -39,6 +40,8 @@ MIN_NODES_ENV = "TFE_MIN_NODES"
 MAX_NODES_ENV = "TFE_MAX_NODES"
 JOIN_TIMEOUT_ENV = "TFE_JOIN_TIMEOUT"
 STEP_EVENTS_ENV = "TFE_STEP_EVENTS_EVERY"
+PROGRESS_TIMEOUT_ENV = "TFE_PROGRESS_TIMEOUT"
+DEFAULT_PROGRESS_TIMEOUT_S = 600.0
 
 DEFAULT_JOIN_TIMEOUT_S = 600.0
 DEFAULT_BARRIER_TIMEOUT_S = 120.0
@@ -68,6 +71,11 @@ class ElasticRuntime:
         self.join_timeout = join_timeout
         self.events = events.EventLog(source="worker")
         self._steps = StepReporter(every=int(os.environ.get(STEP_EVENTS_ENV, "10")))
+        # The watchdog: no commit for this long while training aborts the
+        # collectives, so a hang nobody detected still ends in an error.
+        self.progress_timeout = float(os.environ.get(PROGRESS_TIMEOUT_ENV,
+                                                     DEFAULT_PROGRESS_TIMEOUT_S))
+        self._last_progress: float | None = None
         self.membership = None
         self.standby = False
         self.strategy: ElasticMultiWorkerMirroredStrategy | None = None
@@ -195,7 +203,8 @@ class ElasticRuntime:
         self.close()
 
     def report_step(self, step: int) -> None:
-        """A `step` event every TFE_STEP_EVENTS_EVERY commits, for progress lines and plots."""
+        """Notes progress for the watchdog; a `step` event every TFE_STEP_EVENTS_EVERY commits."""
+        self._last_progress = time.monotonic()
         self._steps.report(step, self.membership.world_size, node=self.node_id,
                            generation=self.generation)
 
@@ -242,6 +251,14 @@ class ElasticRuntime:
 
     def _on_heartbeat(self, info) -> None:
         self._waiting = info.waiting
+        if (self._last_progress is not None and not self._reforming.is_set()
+                and time.monotonic() - self._last_progress > self.progress_timeout):
+            self._last_progress = time.monotonic()
+            from tensorflow_elastic.strategy import cluster
+
+            cluster.abort_collectives(
+                f"no commit for {self.progress_timeout:g} s ({PROGRESS_TIMEOUT_ENV}); a peer "
+                f"may hang without having failed")
         if info.state == "FAILED":
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed")

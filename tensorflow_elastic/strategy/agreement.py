@@ -28,11 +28,12 @@ class ReformVote:
     def __init__(self, device: str, wants_reform: Callable[[], bool]):
         self._device = device
         self._wants_reform = wants_reform
+        # [sum of the last carried vote, number of all-reduces that carried one]:
+        # one variable, so a commit reads it with a single copy.
         with tf.init_scope(), tf.device(device):
-            self._sum = tf.Variable(0.0, trainable=False, name="reform_vote_sum")
-            self._carried = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                        name="reform_votes_carried")
-        self._carried_at_last_commit = 0
+            self._tally = tf.Variable([0.0, 0.0], dtype=tf.float64, trainable=False,
+                                      name="reform_vote_tally")
+        self._carried_at_last_commit = 0.0
         self._group_key = 0
         self._group_size = 1
         self._instance_key = 0
@@ -41,8 +42,7 @@ class ReformVote:
         self._group_key = generation * collectives.KEYS_PER_GENERATION + _FALLBACK_GROUP_OFFSET
         self._group_size = group_size
         self._instance_key = 0
-        self._sum.assign(0.0)
-        self._carried_at_last_commit = int(self._carried.numpy())
+        self._carried_at_last_commit = float(self._tally.numpy()[1])
 
     def ballot(self, dtype: tf.DType) -> tf.Tensor:
         """This member's vote (0 or 1) as a tensor of `dtype`, read when the step is called."""
@@ -53,16 +53,13 @@ class ReformVote:
     def record(self, total: tf.Tensor) -> None:
         """Keeps the summed votes of the step's all-reduce for the next commit."""
         with tf.device(self._device):
-            self._sum.assign(tf.cast(total, tf.float32))
-            self._carried.assign_add(1)
+            self._tally.assign(tf.stack([tf.cast(total, tf.float64), self._tally[1] + 1.0]))
 
     def outcome(self) -> bool:
         """At a commit: True on every member when any member voted to re-form during the step."""
-        carried = int(self._carried.numpy())
+        total, carried = self._tally.numpy()
         if carried == self._carried_at_last_commit:
             total = self._explicit_vote()
-        else:
-            total = float(self._sum.numpy())
         self._carried_at_last_commit = carried
         return total > 0
 

@@ -24,9 +24,6 @@ from tensorflow.python.util import nest
 from tensorflow_elastic.strategy import cluster, collectives
 from tensorflow_elastic.strategy.agreement import ReformVote
 
-# Long enough for a first step that builds kernels, short enough that a peer
-# nobody reported still ends in an error rather than a hang.
-DEFAULT_COLLECTIVE_TIMEOUT_S = 300.0
 
 
 class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
@@ -153,8 +150,10 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
         from tensorflow_elastic import runtime
 
         if communication_options is None:
-            communication_options = collective_util.Options(
-                timeout_seconds=DEFAULT_COLLECTIVE_TIMEOUT_S)
+            # No per-collective timeout: it costs about 10% of a 10 ms step
+            # (measured with 3 local workers). A lost peer is detected by the
+            # orchestrator, and the runtime's progress watchdog bounds the rest.
+            communication_options = collective_util.Options()
         elastic = runtime.ensure_initialized(min_nodes=min_nodes, max_nodes=max_nodes)
         node_id, members, generation = elastic.initial_cluster()
         extended = ElasticExtended(self, node_id, members, generation, communication_options,
