@@ -26,6 +26,7 @@ _LAZY = {
     "init": "tensorflow_elastic.runtime",
     "run": "tensorflow_elastic.elastic_run",
     "State": "tensorflow_elastic.state",
+    "ObjectState": "tensorflow_elastic.state",
     "TensorFlowState": "tensorflow_elastic.state",
     "KerasState": "tensorflow_elastic.state",
     "MembershipChanged": "tensorflow_elastic.errors",

@@ -94,6 +94,10 @@ class State:
         self.save()
 
 
+# Horovod's name for the state of plain Python objects.
+ObjectState = State
+
+
 class TensorFlowState(State):
     """Variables plus Python attributes; snapshots alias variable buffers, so a commit copies nothing."""
 

@@ -21,6 +21,10 @@ def test_attributes_roll_back_to_the_last_save():
     assert (state.epoch, state.batch, state.history) == (0, 3, ["a"])
 
 
+def test_object_state_is_the_python_attribute_state():
+    assert tfe.ObjectState is tfe.State
+
+
 def test_saved_values_are_copies():
     state = tfe.State(history=[1])
     state.history.append(2)

@@ -41,8 +41,12 @@ def follow_membership():
     rank.assign(runtime.membership.rank)
 
 
+traces = []
+
+
 @tf.function
 def train_step(step):
+    traces.append(runtime.generation)
     start, size = ops.global_batch_slice(step, GLOBAL_BATCH, world_size, rank)
     index = tf.range(start, start + size) % x_all.shape[0]
     x, y = tf.gather(x_all, index), tf.gather(y_all, index)
@@ -80,7 +84,7 @@ def train(state):
 
 
 train(state)
-print(json.dumps({"done": True, "node": runtime.node_id,
+print(json.dumps({"done": True, "node": runtime.node_id, "traces": len(traces),
                   "weights": [float(v) for v in tf.reshape(weights.read_value(), [-1])]
                   + [float(bias.read_value())]}),
       flush=True)

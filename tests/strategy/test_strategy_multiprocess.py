@@ -51,6 +51,7 @@ def test_survivors_reform_in_process_after_a_kill(orchestrator, start_workers, t
     for w in survivors:
         assert w.proc.pid == pids[w.node_id]  # the same processes, never restarted
         assert w.steps[-1]["world"] == 2
+        assert w.result["traces"] == 1  # the train step traced once, used across generations
     starts = _read(tmp_path, events.GENERATION_START)
     assert {e["node"] for e in starts} == {w.node_id for w in survivors}
     assert all(target.node_id not in e["members"] for e in starts)
@@ -140,6 +141,7 @@ def test_grow_then_shrink(orchestrator, start_workers, tmp_path):
     survivors = [first[1], newcomer]
     _check_finished_together(survivors, steps=STEPS * 2)
     assert all(w.steps[-1]["world"] == 2 for w in survivors)
+    assert all(w.result["traces"] == 1 for w in survivors)
     worlds = [e["world_size"] for e in _read(tmp_path, events.GENERATION_START)
               if e["node"] == first[1].node_id]
     assert worlds == [3, 2]
