@@ -2,16 +2,19 @@
 
 Subcommands:
   status   members, generation, waiting nodes and recent history of the runs
-           an orchestrator serves.
+           an orchestrator serves; with --events_file, the step and steps/s.
   plot     world size and step rate over time from a job's events file.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
+from tensorflow_elastic import events
+from tensorflow_elastic.observability.progress import recent_step_rate
 from tensorflow_elastic.observability import plot
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.client import Client
@@ -36,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--tls_ca", help="PEM certificate to trust when the orchestrator uses TLS")
     status.add_argument("--history", type=int, default=10, metavar="N",
                         help="history entries to show per run (default: %(default)s)")
+    status.add_argument("--events_file", default=os.environ.get(events.EVENTS_FILE_ENV),
+                        help="the job's events file, for the step and steps/s "
+                             f"(default: ${events.EVENTS_FILE_ENV} if set)")
     status.set_defaults(func=_status)
     plot.add_parser(commands)
     return parser
@@ -64,7 +70,21 @@ def _status(args: argparse.Namespace) -> int:
         print(f"no runs on {args.rdzv_endpoint}")
     for run in runs:
         print(format_run(run, args.history))
+    if args.events_file:
+        print(format_progress(args.events_file))
     return 0
+
+
+def format_progress(events_file: str) -> str:
+    """The training progress line of `tfelastic status`, from the job's step events."""
+    try:
+        progress = recent_step_rate(events_file)
+    except OSError as e:
+        return f"progress: cannot read {events_file}: {e.strerror}"
+    if progress is None:
+        return f"progress: no step events in {events_file} yet"
+    step, rate = progress
+    return f"progress: step {step}" + ("" if rate is None else f", {rate:.2f} steps/s")
 
 
 def format_run(run: RunStatus, history: int = 10) -> str:

@@ -51,3 +51,17 @@ class ProgressTracker:
             rate = f", {(self._step - self._last_line_step) / (now - self._last_line_time):.2f} steps/s"
         self._last_line_step, self._last_line_time = self._step, now
         return f"progress: step {self._step}, world size {world_size}{rate}"
+
+
+def recent_step_rate(path: str, window_s: float = 30.0) -> tuple[int, float | None] | None:
+    """(latest step, steps/s over the last `window_s` seconds of step events), None without any."""
+    steps = [(e["time"], e["step"]) for e in events.read_events(path, events.STEP)
+             if isinstance(e.get("step"), int)]
+    if not steps:
+        return None
+    last_time, last_step = max(steps, key=lambda ts: ts[1])
+    recent = [(t, s) for t, s in steps if t >= last_time - window_s]
+    first_time, first_step = min(recent)
+    if last_time <= first_time:
+        return last_step, None
+    return last_step, (last_step - first_step) / (last_time - first_time)
