@@ -98,6 +98,9 @@ else
   WHEEL=$(ls dist/tensorflow_elastic-*.whl)
   pip_quiet install -q --no-deps --force-reinstall "$WHEEL" || fail "installing $WHEEL failed"
   rm -rf build
+  (cd / && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import os, tensorflow_elastic; from tensorflow_elastic import ops
+assert "site-packages" in tensorflow_elastic.__file__ and os.path.exists(ops.LIBRARY_PATH), tensorflow_elastic.__file__') \
+    || fail "the installed wheel does not import; see the error above"
   stamp wheel "$WHEEL_HASH"
   echo "built and installed $WHEEL ($(du -k "$WHEEL" | cut -f1) KB) in $(elapsed "$t") s"
 fi
@@ -106,9 +109,6 @@ step "Build artefacts in the source tree (tests and \`python -m\` from a checkou
 install -m 755 bazel-bin/tensorflow_elastic/_ops.so tensorflow_elastic/_ops.so
 "$VENV/bin/python" tools/gen_protos.py --out . | sed 's/^/generated /'
 
-(cd / && TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/python" -c 'import os, tensorflow_elastic; from tensorflow_elastic import ops
-assert "site-packages" in tensorflow_elastic.__file__ and os.path.exists(ops.LIBRARY_PATH), tensorflow_elastic.__file__') \
-  || fail "the installed package does not import; see the error above"
 echo
 echo "tensorflow_elastic is installed in $VENV ($(elapsed "$START") s)."
 echo "Run the tests: .venv/bin/pytest   or   bazel test //..."

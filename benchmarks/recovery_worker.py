@@ -1,9 +1,13 @@
 """The worker of benchmarks/recovery.py: a small MLP trained in a custom loop.
 
 --mode elastic: ElasticMultiWorkerMirroredStrategy, a commit every step, tfe.run.
---mode mwms: stock MultiWorkerMirroredStrategy from TF_CONFIG (the baseline).
+--mode mwms: stock MultiWorkerMirroredStrategy from TF_CONFIG (the baseline);
+with --backup_dir it resumes from the latest checkpoint there and saves one
+every --save_every steps (the chief there, the others to a scratch copy, as
+TensorFlow's multi-worker checkpointing guide does), so a supervisor can
+restart it after a failure.
 Both run the same step function on the same data and print one JSON line per
-step: {"t": unix time, "step", "node", "generation", "world"}.
+step: {"t": unix time, "step", "node", "generation", "world", "pid"}.
 """
 
 import argparse
@@ -16,6 +20,8 @@ parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--mode", choices=["elastic", "mwms"], required=True)
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--global_batch", type=int, default=48)
+parser.add_argument("--backup_dir", help="mwms mode: resume from and save checkpoints here")
+parser.add_argument("--save_every", type=int, default=10, help="mwms mode: steps between saves")
 args = parser.parse_args()
 
 import numpy as np  # noqa: E402
@@ -68,7 +74,7 @@ def train_step(step):
 
 def report(step, node, generation, world_size):
     print(json.dumps({"t": time.time(), "step": step, "node": node, "generation": generation,
-                      "world": world_size}), flush=True)
+                      "world": world_size, "pid": os.getpid()}), flush=True)
 
 
 if args.mode == "mwms":
@@ -76,14 +82,30 @@ if args.mode == "mwms":
     size = len(json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"])
     world.assign(size)
     rank.assign(task)
-    for step in range(args.steps):
+    first = 0
+    if args.backup_dir:
+        saved_step = tf.Variable(0, dtype=tf.int64)
+        checkpoint = tf.train.Checkpoint(layers=layers, step=saved_step)
+        directory = args.backup_dir if task == 0 else os.path.join(args.backup_dir,
+                                                                    f"scratch-{task}")
+        manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2)
+        latest = tf.train.latest_checkpoint(args.backup_dir)
+        if latest:
+            checkpoint.restore(latest)
+            first = int(saved_step.numpy())
+    for step in range(first, args.steps):
         train_step(tf.constant(step, tf.int64))
         report(step + 1, task, 1, size)
+        if args.backup_dir and (step + 1) % args.save_every == 0:
+            saved_step.assign(step + 1)
+            manager.save()
 else:
     def follow_membership():
         world.assign(runtime.membership.world_size)
         rank.assign(runtime.membership.rank)
 
+    # Warm-up before joining: a newcomer traces its step while the members train.
+    train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
     state = tfe.TensorFlowState(layers, step=0)
     state.register_reset_callbacks([follow_membership])
 
