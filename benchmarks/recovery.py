@@ -111,7 +111,10 @@ def elastic_workers(orchestrator: Orchestrator, count: int, run_id: str, steps: 
 
 
 def step_gaps(records: list[dict], since: float) -> list[float]:
-    times = [r["t"] for r in records if r["t"] >= since]
+    """Gaps between consecutive steps from the last step before `since` on."""
+    times = [r["t"] for r in records]
+    start = max([i for i, t in enumerate(times) if t < since], default=0)
+    times = times[start:]
     return [b - a for a, b in zip(times, times[1:])]
 
 
@@ -168,13 +171,16 @@ def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
         victim = group[-1]
         survivors = group[:-1]
         before = max(p.last_step() for p in survivors)
+        # The first generation may already have grown while the workers started.
+        generation = max(r["generation"] for p in survivors for r in p.records)
         t0 = time.time()
         victim.stop(signal.SIGKILL if kind == "crash" else signal.SIGTERM)
         for p in survivors:
-            p.wait_for(lambda p=p: any(r["generation"] > 1 for r in p.records),
+            p.wait_for(lambda p=p: any(r["generation"] > generation for r in p.records),
                        "a step of the new generation")
             p.wait_for(lambda p=p: p.last_step() >= before + 20, "steps after the change")
-        first_new = min(r["t"] for p in survivors for r in p.records if r["generation"] > 1)
+        first_new = min(r["t"] for p in survivors for r in p.records
+                        if r["generation"] > generation)
         pause = max(max(step_gaps(p.records, t0)) for p in survivors)
         return {"recovery_s": first_new - t0, "pause_s": pause,
                 "lost_steps": _lost_steps(survivors, events_file)}
