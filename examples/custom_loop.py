@@ -6,8 +6,9 @@ A small regression model on synthetic data (no downloads). Each global step
 reads its slice of a global batch by rank (GlobalBatchSlice), so no sample is
 seen twice when the world size changes; `tfe.run` restores the last commit
 after a failure and re-forms; the learning rate follows the world size
-through a reset callback. Every ``--report_every`` steps a `step` event goes
-to the events file for progress lines and `tfelastic plot`.
+through a reset callback. Every commit counts as a step: the runtime writes a
+`step` event every TFE_STEP_EVENTS_EVERY (default 10) commits for progress
+lines and `tfelastic plot`.
 """
 
 import argparse
@@ -18,14 +19,12 @@ import tensorflow as tf
 
 import tensorflow_elastic as tfe
 from tensorflow_elastic import ops
-from tensorflow_elastic.observability import StepReporter
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--global_batch", type=int, default=48)
 parser.add_argument("--step_sleep", type=float, default=0.02,
                     help="seconds of extra work per step, to make a demo watchable")
-parser.add_argument("--report_every", type=int, default=5)
 args = parser.parse_args()
 
 FEATURES = 16
@@ -41,7 +40,6 @@ with strategy.scope():
 world_size = tf.Variable(1, dtype=tf.int64)
 rank = tf.Variable(0, dtype=tf.int64)
 learning_rate = tf.Variable(0.01)
-reporter = StepReporter(every=args.report_every)
 
 
 def follow_membership() -> None:
@@ -80,8 +78,6 @@ def train(state):
     while state.step < args.steps:
         loss = train_step(tf.constant(state.step, tf.int64))
         state.step += 1
-        reporter.report(state.step, runtime.membership.world_size, node=runtime.node_id,
-                        generation=runtime.generation)
         if state.step % 50 == 0:
             print(f"step {state.step} loss {float(loss):.4f} world {runtime.membership.world_size}",
                   flush=True)

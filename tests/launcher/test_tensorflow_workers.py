@@ -16,6 +16,7 @@ pytestmark = pytest.mark.multiprocess
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUSTOM_LOOP = os.path.join(REPO_ROOT, "examples", "custom_loop.py")
+KERAS_FIT = os.path.join(REPO_ROOT, "examples", "keras_fit.py")
 
 
 def _steps(proc, node: int) -> list[dict]:
@@ -79,6 +80,30 @@ def test_killed_elastic_worker_comes_back_as_a_new_node_and_the_plot_shows_it(st
     assert png.stat().st_size > 10_000
     assert re.search(r"failure 1 at \+[\d.]+ s \(nodes \[\d+\]\): recovered in", plot.stdout), \
         plot.stdout
+
+
+def test_keras_fit_example_trains_under_the_launcher_and_its_loss_falls(start, tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    proc = start("--standalone", "--nnodes=2:3", "--nproc_per_node=3", "--monitor_interval=0.5",
+                 f"--events_file={events_file}", KERAS_FIT, "--epochs=3", "--steps_per_epoch=20")
+    assert proc.wait(90) == 0, proc.output
+    assert "in-process elasticity" in proc.output
+    epochs = [m for m in map(re.compile(r"^\[node (\d+)\] epoch (\d) loss ([\d.]+) .* world (\d)$")
+                             .match, proc.lines) if m]
+    losses: dict[int, list[float]] = {}
+    for m in epochs:
+        assert m.group(4) == "3"
+        losses.setdefault(int(m.group(1)), []).append(float(m.group(3)))
+    assert len(losses) == 3, proc.output
+    for node_losses in losses.values():
+        assert len(node_losses) == 3 and node_losses == sorted(node_losses, reverse=True), losses
+        assert node_losses[-1] < 0.8 * node_losses[0], losses
+    assert len(proc.wait_for(r"^\[node \d+\] done: 3 epochs$", count=3)) == 3
+    steps: dict[int, list[int]] = {}
+    for e in events.read_events(str(events_file), events.STEP):
+        steps.setdefault(e["node"], []).append(e["step"])
+    assert sorted(steps) == sorted(losses)  # the runtime's step events, one per 10 commits
+    assert all(s == sorted(set(s)) and s[-1] >= 50 for s in steps.values()), steps
 
 
 def test_plain_mwms_script_survives_a_kill_and_resumes_from_its_backup(start, scripts, tmp_path):
