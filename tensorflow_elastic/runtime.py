@@ -321,7 +321,17 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
 
 
 def ensure_initialized(min_nodes: int | None = None, max_nodes: int | None = None) -> ElasticRuntime:
-    return _runtime if _runtime is not None else init(min_nodes=min_nodes, max_nodes=max_nodes)
+    """The runtime, initialized if needed; bounds that contradict the running job are an error."""
+    if _runtime is None:
+        return init(min_nodes=min_nodes, max_nodes=max_nodes)
+    for name, asked, actual in (("min_nodes", min_nodes, _runtime.min_nodes),
+                                ("max_nodes", max_nodes, _runtime.max_nodes)):
+        if asked is not None and asked != actual:
+            raise ValueError(
+                f"{name}={asked} differs from the job's {name}={actual} (set by "
+                f"tensorflow_elastic.init() or the launcher's --nnodes); pass the same bounds "
+                f"or leave them out")
+    return _runtime
 
 
 def current_or_none() -> ElasticRuntime | None:

@@ -1,0 +1,49 @@
+"""The runtime's checks that need no cluster (a stand-in client; the rest runs in tests/strategy)."""
+
+import pytest
+
+from tensorflow_elastic import runtime
+
+
+class _UnusedClient:
+    """The checks below never talk to the orchestrator."""
+
+
+@pytest.fixture
+def job(monkeypatch):
+    rt = runtime.ElasticRuntime(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    return rt
+
+
+def test_matching_or_omitted_bounds_return_the_runtime(job):
+    assert runtime.ensure_initialized() is job
+    assert runtime.ensure_initialized(min_nodes=2, max_nodes=4) is job
+
+
+@pytest.mark.parametrize("bounds, name", [((3, None), "min_nodes=3"), ((None, 5), "max_nodes=5")])
+def test_contradicting_bounds_are_refused(job, bounds, name):
+    with pytest.raises(ValueError, match=rf"{name} differs from the job's"):
+        runtime.ensure_initialized(*bounds)
+
+
+@pytest.mark.parametrize("bounds", [(0, 2), (3, 2)])
+def test_bad_bounds_are_refused(bounds):
+    with pytest.raises(ValueError, match="min_nodes <= max_nodes"):
+        runtime.ElasticRuntime(_UnusedClient(), "127.0.0.1:1", *bounds)
+
+
+def test_waiting_nodes_trigger_a_reform_only_below_max_nodes(job):
+    from tensorflow_elastic.rendezvous import Membership
+
+    job.membership = Membership(0, 1, {0: "a", 1: "b"}, 0)
+    assert not job.wants_reform()
+    job._waiting = 1
+    assert job.wants_reform()
+    job.membership = Membership(0, 2, {0: "a", 1: "b", 2: "c", 3: "d"}, 0)
+    assert not job.wants_reform()  # already max_nodes: nobody more can come in
+
+
+def test_a_leave_request_is_a_vote_to_reform(job):
+    job.request_leave()
+    assert job.wants_reform() and job.leave_requested
