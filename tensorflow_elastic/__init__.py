@@ -36,7 +36,7 @@ _LAZY = {
 
 
 # Submodules reachable as attributes (tfe.keras.fit_elastic) without an import of their own.
-_SUBMODULES = ("data", "keras", "ops")
+_SUBMODULES = ("data", "keras", "ops", "ps")
 
 
 def __getattr__(name: str):

@@ -4,6 +4,8 @@ Subcommands:
   status   members, generation, waiting nodes and recent history of the runs
            an orchestrator serves; with --events_file, the step and steps/s.
   plot     world size and step rate over time from a job's events file.
+  ps-status, ps-configure
+           a parameter server's counters; its policy settings, changed while it trains.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from tensorflow_elastic import events
 from tensorflow_elastic.observability.progress import recent_step_rate
 from tensorflow_elastic.observability import plot
+from tensorflow_elastic.ps import cli as ps_cli
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import RendezvousError
@@ -44,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default: ${events.EVENTS_FILE_ENV} if set)")
     status.set_defaults(func=_status)
     plot.add_parser(commands)
+    ps_cli.add_parsers(commands)
     return parser
 
 

@@ -108,8 +108,9 @@ class LocalAgent:
             self._events.close()
 
     def _run(self) -> RunResult:
-        self._info("rendezvous at %s (run %s, nodes %d:%d)", self.spec.rdzv_endpoint,
-                   self.spec.run_id, self.spec.min_nodes, self.spec.max_nodes)
+        if self.spec.rdzv_endpoint:
+            self._info("rendezvous at %s (run %s, nodes %d:%d)", self.spec.rdzv_endpoint,
+                       self.spec.run_id, self.spec.min_nodes, self.spec.max_nodes)
         try:
             self.elasticity.rendezvous()
         except Exception as e:  # noqa: BLE001 - any rendezvous error ends INIT with its reason

@@ -20,15 +20,18 @@ from typing import NoReturn
 from tensorflow_elastic.agent import IN_PROCESS, LocalAgent, WorkerSpec
 from tensorflow_elastic.agent.inprocess import InProcessElasticity
 from tensorflow_elastic.agent.ports import PortAllocator, local_address_towards
+from tensorflow_elastic.agent.ps_roles import ParameterServerRoles
 from tensorflow_elastic.agent.restart import RestartElasticity
 from tensorflow_elastic.agent.spec import (AUTO, RESTART, default_log_dir, parse_endpoint,
                                            parse_nnodes)
 from tensorflow_elastic.events import EVENTS_FILE_ENV
+from tensorflow_elastic.ps.environment import PS, ROLES, WORKER
 from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError, auth
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
 
 PROG = "tfelastic-run"
 ORCHESTRATOR_ONLY = "start"
+COLLECTIVE = "collective"
 DEFAULT_ENDPOINT = "127.0.0.1:29400"
 
 _DESCRIPTION = """\
@@ -45,6 +48,10 @@ Two kinds of scripts:
     change every worker restarts with a new TF_CONFIG and resumes from its
     BackupAndRestore or checkpoint.
 The kind is detected from the script's source (see --elastic_mode).
+
+With --role ps or --role worker the script runs in the asynchronous
+parameter-server mode instead (tensorflow_elastic.ps.run): no orchestrator,
+the PS at --ps_address holds the membership, and each process restarts alone.
 """
 
 _EPILOG = """\
@@ -56,6 +63,10 @@ examples:
   tfelastic-run --standalone --rdzv_endpoint=localhost:5555 start
   tfelastic-run --monitor_interval=5 --address=$(hostname -i):5556 --nnodes=2:3 \\
       --rdzv_endpoint=localhost:5555 train.py
+
+  # asynchronous parameter-server mode: one PS, then workers (here or elsewhere)
+  tfelastic-run --role ps --ps_address 127.0.0.1:7070 --ps_checkpoint_dir ckpt train.py
+  tfelastic-run --role worker --ps_address 127.0.0.1:7070 --nproc_per_node 3 train.py
 
 Node counts (--nnodes) count worker processes over all machines: each worker
 is one node of the orchestrator. Output lines are prefixed with the node id.
@@ -114,6 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--progress_interval", type=float, default=30.0, metavar="S",
                    help="seconds between progress lines (step, world size, steps/s), read from "
                    "the events file (default: %(default)s)")
+    p.add_argument("--role", choices=[COLLECTIVE, *ROLES], default=COLLECTIVE,
+                   help="collective: synchronous data-parallel workers (MWMS); ps / worker: the "
+                   "asynchronous parameter-server mode, this launcher runs the PS or "
+                   "--nproc_per_node workers of it (default: %(default)s)")
+    p.add_argument("--ps_address", metavar="HOST:PORT",
+                   help="with --role ps|worker: where the parameter server listens")
+    p.add_argument("--ps_checkpoint_dir", metavar="DIR",
+                   help="with --role ps: where the PS checkpoints and, after a restart, resumes")
     p.add_argument("script", metavar="SCRIPT",
                    help="the training script (a .py file, or an executable), or 'start' with "
                    "--standalone to run only the orchestrator")
@@ -127,7 +146,31 @@ def _die(message: str, code: int = 2) -> NoReturn:
     sys.exit(code)
 
 
+def _check_role_args(args: argparse.Namespace) -> None:
+    if args.role == COLLECTIVE:
+        for flag in ("ps_address", "ps_checkpoint_dir"):
+            if getattr(args, flag):
+                _die(f"--{flag} belongs to the parameter-server mode; add --role ps or "
+                     f"--role worker")
+        return
+    if not args.ps_address:
+        _die(f"--role {args.role} needs --ps_address HOST:PORT (where the PS listens)")
+    try:
+        parse_endpoint(args.ps_address)
+    except ValueError as e:
+        _die(f"--ps_address: {e}")
+    if args.role == PS and args.nproc_per_node != 1:
+        _die("--role ps runs one parameter server process; drop --nproc_per_node")
+    if args.role == WORKER and args.ps_checkpoint_dir:
+        _die("--ps_checkpoint_dir is for --role ps (the PS checkpoints, workers do not)")
+    if args.standalone or args.script == ORCHESTRATOR_ONLY:
+        _die(f"--role {args.role} needs no orchestrator; drop --standalone / '{ORCHESTRATOR_ONLY}'")
+
+
 def _check_args(args: argparse.Namespace) -> tuple[int, int]:
+    _check_role_args(args)
+    if args.role != COLLECTIVE:
+        args.nnodes = str(args.nproc_per_node)
     try:
         min_nodes, max_nodes = parse_nnodes(args.nnodes)
         if args.rdzv_endpoint:
@@ -204,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     if events_file:
         events_file = os.path.abspath(events_file)
 
+    if args.role != COLLECTIVE:
+        return _run_agent(args, "", token, events_file, min_nodes, max_nodes,
+                          hosts_orchestrator=False)
     server = None
     endpoint = args.rdzv_endpoint or DEFAULT_ENDPOINT
     if args.standalone:
@@ -224,11 +270,27 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
 
+def _elasticity(args: argparse.Namespace, spec: WorkerSpec, ports: PortAllocator,
+                wake: threading.Event, hosts_orchestrator: bool) -> tuple[object, str]:
+    """How this node's workers follow the job's membership, and a line that says so."""
+    if args.role != COLLECTIVE:
+        return (ParameterServerRoles(spec, args.role, args.ps_address, args.ps_checkpoint_dir),
+                f"parameter-server mode, role {args.role}: each process restarts alone")
+    mode, why = spec.resolved_mode()
+    text = f"{mode.replace('_', '-')} elasticity: {why}"
+    if mode == IN_PROCESS:
+        return InProcessElasticity(spec, ports, wake, hosts_orchestrator), text
+    addresses = [ports.address() for _ in range(spec.nproc_per_node)]
+    return RestartElasticity(spec, addresses, wake), text
+
+
 def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
                events_file: str | None, min_nodes: int, max_nodes: int,
                hosts_orchestrator: bool) -> int:
     if args.address:
         host, first_port = _parse_address(args.address)
+    elif args.role != COLLECTIVE:
+        host, first_port = "127.0.0.1", 0
     else:
         host, first_port = local_address_towards(parse_endpoint(endpoint)[0]), 0
     spec = WorkerSpec(
@@ -239,15 +301,10 @@ def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
         events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval)
-    mode, why = spec.resolved_mode()
-    print(f"[agent] {mode.replace('_', '-')} elasticity: {why}", file=sys.stderr, flush=True)
     wake = threading.Event()
-    ports = PortAllocator(host, first_port)
-    if mode == IN_PROCESS:
-        elasticity = InProcessElasticity(spec, ports, wake, hosts_orchestrator)
-    else:
-        elasticity = RestartElasticity(spec, [ports.address() for _ in range(spec.nproc_per_node)],
-                                       wake)
+    elasticity, why = _elasticity(args, spec, PortAllocator(host, first_port), wake,
+                                  hosts_orchestrator)
+    print(f"[agent] {why}", file=sys.stderr, flush=True)
     agent = LocalAgent(spec, elasticity, wake)
     _on_signals(agent.request_stop)
     result = agent.run()

@@ -1,0 +1,214 @@
+"""Benchmark of the parameter-server policies (issue 7).
+
+For each policy: one PS process and --workers worker processes on 127.0.0.1
+train the same small MLP (benchmarks/ps_task.py) from the same initial
+weights; worker 0 is a straggler (--slowdown times slower). The PS evaluates
+the model on a fixed held-out set after every update. Reported per policy:
+seconds from the moment every worker has registered to the target loss
+(--target_fraction of the initial held-out loss), updates/s, the staleness of
+applied gradients (median, p95) and the final loss. Then the PS ingest rate:
+--pushers processes push gradients of a --params-parameter model as fast as
+they can; MB/s of gradients applied.
+
+Progress goes to stderr; a table and the plot path to stdout; the last line
+is the JSON summary:
+{"best_async_policy": ..., "speedup_vs_synch_to_target": ..., "ingest_mb_s": ..., "policies": {...}}
+
+    .venv/bin/python benchmarks/ps_policies.py [--plot ps_policies.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from tensorflow_elastic import events  # noqa: E402
+from tensorflow_elastic.ps.config import POLICIES, SYNCH  # noqa: E402
+
+TASK = os.path.join(HERE, "ps_task.py")
+RUN_TIMEOUT_S = 600.0
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def free_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE), e.get("PYTHONPATH"))
+                                      if p)
+    e["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    e.pop("TFE_EVENTS_FILE", None)
+    return e
+
+
+def start(role: str, address: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, TASK, role, "--address", address, *args],
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, start_new_session=True)
+
+
+def wait_listening(proc: subprocess.Popen) -> None:
+    for line in proc.stdout:
+        if line.startswith("listening on"):
+            return
+    raise RuntimeError(f"the PS exited ({proc.wait()}) before listening")
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_policy(policy: str, args: argparse.Namespace, workdir: str) -> dict:
+    address = free_address()
+    out = os.path.join(workdir, f"{policy}.json")
+    events_file = os.path.join(workdir, f"{policy}.events")
+    common = ["--policy", policy, "--iterations", str(args.iterations), "--workers",
+              str(args.workers), "--step_s", str(args.step_s), "--slowdown", str(args.slowdown),
+              "--learning_rate", str(args.learning_rate)]
+    ps = start("ps", address, *common, "--out", out, "--events_file", events_file)
+    wait_listening(ps)
+    workers = [start("worker", address, *common, "--rank", str(rank),
+                     *(["--straggler"] if rank == 0 else [])) for rank in range(args.workers)]
+    finish([ps], RUN_TIMEOUT_S)
+    finish(workers, 30.0)
+    with open(out) as f:
+        result = json.load(f)
+    joined = sorted(e["time"] for e in events.read_events(events_file, events.NODE_JOINED))
+    t0 = joined[args.workers - 1]
+    return {"t0": t0, **result}
+
+
+def summarize(policy: str, run: dict, target: float) -> dict:
+    timeline = run["timeline"]
+    t0 = run["t0"]
+    reached = next((t - t0 for t, _, loss in timeline if loss <= target), None)
+    last_t, updates, final_loss = timeline[-1]
+    staleness = run["stats"]["staleness"]
+    return {
+        "time_to_target_s": None if reached is None else round(max(0.0, reached), 3),
+        "updates_per_s": round(updates / max(1e-9, last_t - t0), 1),
+        "updates": updates,
+        "staleness_median": staleness["median"],
+        "staleness_p95": staleness["p95"],
+        "final_loss": round(final_loss, 5),
+        "accepted": run["stats"]["accepted"],
+        "rejected": run["stats"]["rejected_total"],
+    }
+
+
+def measure_ingest(args: argparse.Namespace, workdir: str) -> float:
+    address = free_address()
+    out = os.path.join(workdir, "ingest.json")
+    ps = start("ingest_ps", address, "--params", str(args.params), "--out", out)
+    wait_listening(ps)
+    pushers = [start("pusher", address, "--params", str(args.params), "--rank", str(rank),
+                     "--seconds", str(args.ingest_seconds)) for rank in range(args.pushers)]
+    finish(pushers, args.ingest_seconds + 120)
+    finish([ps], 60)
+    with open(out) as f:
+        result = json.load(f)
+    landed = result["landed"]
+    # Skip the first updates (connections warming up); rate over the steady part.
+    steady = landed[len(landed) // 10:]
+    seconds = steady[-1] - steady[0]
+    return (len(steady) - 1) * result["bytes_per_gradient"] / seconds / 1e6
+
+
+def plot(runs: dict[str, dict], target: float, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for policy, run in runs.items():
+        t0 = run["t0"]
+        points = [(t - t0, loss) for t, _, loss in run["timeline"] if t >= t0 - 0.5]
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=policy,
+                linewidth=2.2 if policy == SYNCH else 1.2)
+    ax.axhline(target, color="black", linestyle=":", label="target")
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds since every worker registered")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("PS policies: 4 workers, one 3x straggler")
+    ax.legend(ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policies", default=",".join(x for x in POLICIES if x != "asynch"),
+                   help="comma-separated (asynch is an alias of asypq)")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--iterations", type=int, default=150, help="per worker")
+    p.add_argument("--step_s", type=float, default=0.02, help="simulated compute per gradient")
+    p.add_argument("--slowdown", type=float, default=3.0, help="the straggler's factor")
+    p.add_argument("--learning_rate", type=float, default=0.05)
+    p.add_argument("--target_fraction", type=float, default=0.1,
+                   help="target loss as a fraction of the initial held-out loss")
+    p.add_argument("--params", type=int, default=1_000_000, help="model size for the ingest rate")
+    p.add_argument("--pushers", type=int, default=4)
+    p.add_argument("--ingest_seconds", type=float, default=5.0)
+    p.add_argument("--ingest_repeats", type=int, default=3)
+    p.add_argument("--plot", default="ps_policies.png")
+    args = p.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="ps-policies-")
+    runs = {}
+    for policy in args.policies.split(","):
+        log(f"policy {policy}: PS + {args.workers} workers ...")
+        runs[policy] = run_policy(policy, args, workdir)
+    initial = statistics.median(run["timeline"][0][2] for run in runs.values())
+    target = initial * args.target_fraction
+    table = {policy: summarize(policy, run, target) for policy, run in runs.items()}
+    plot(runs, target, args.plot)
+
+    ingest = []
+    for repeat in range(args.ingest_repeats):
+        ingest.append(measure_ingest(args, workdir))
+        log(f"ingest run {repeat + 1}: {ingest[-1]:.0f} MB/s")
+
+    print(f"target loss {target:.4g} (initial {initial:.4g} x {args.target_fraction})")
+    print(f"{'policy':10} {'to target s':>11} {'updates/s':>9} {'stale med':>9} "
+          f"{'stale p95':>9} {'final loss':>10}")
+    for policy, row in table.items():
+        print(f"{policy:10} {str(row['time_to_target_s']):>11} {row['updates_per_s']:>9} "
+              f"{str(row['staleness_median']):>9} {str(row['staleness_p95']):>9} "
+              f"{row['final_loss']:>10}")
+    print(f"plot: {os.path.abspath(args.plot)}")
+    asynchronous = {k: v for k, v in table.items()
+                    if k != SYNCH and v["time_to_target_s"] is not None}
+    best = min(asynchronous, key=lambda k: asynchronous[k]["time_to_target_s"], default=None)
+    synch_time = table.get(SYNCH, {}).get("time_to_target_s")
+    speedup = (round(synch_time / max(1e-9, asynchronous[best]["time_to_target_s"]), 2)
+               if best and synch_time else None)
+    print(json.dumps({"best_async_policy": best, "speedup_vs_synch_to_target": speedup,
+                      "ingest_mb_s": round(statistics.median(ingest), 1),
+                      "ingest_runs_mb_s": [round(x, 1) for x in ingest], "policies": table}))
+
+
+if __name__ == "__main__":
+    main()

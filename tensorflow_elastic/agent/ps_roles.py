@@ -1,0 +1,62 @@
+"""Supervision of the parameter-server mode: no orchestrator, each process restarts alone.
+
+Workers of the asynchronous mode register with the PS themselves, so the
+agent only hands each process its role and the PS address, and restarts a
+dead one. A restarted PS serves at the same address and resumes from its
+checkpoint; the workers reconnect to it by themselves.
+"""
+
+from __future__ import annotations
+
+from tensorflow_elastic.agent.spec import WorkerSpec
+from tensorflow_elastic.ps.environment import ADDRESS_ENV, CHECKPOINT_DIR_ENV, JOB_ENV, ROLE_ENV
+
+
+class ParameterServerRoles:
+    restarts_on_membership_change = False
+
+    def __init__(self, spec: WorkerSpec, role: str, ps_address: str,
+                 checkpoint_dir: str | None = None):
+        self.spec = spec
+        self.role = role
+        self.ps_address = ps_address
+        self.checkpoint_dir = checkpoint_dir
+
+    def rendezvous(self) -> None:
+        """Workers register with the PS when they start."""
+
+    def refresh(self) -> None:
+        """The PS keeps the membership; the agent only watches its processes."""
+
+    def membership_changed(self) -> bool:
+        return False
+
+    def node_id(self, slot: int) -> int | None:
+        return None
+
+    def node_ids(self) -> list[int | None]:
+        return [None] * self.spec.nproc_per_node
+
+    def generation(self) -> int:
+        return 0
+
+    def world_size(self) -> int:
+        return self.spec.nproc_per_node
+
+    def worker_env(self, slot: int) -> dict[str, str]:
+        env = {ROLE_ENV: self.role, ADDRESS_ENV: self.ps_address, JOB_ENV: self.spec.run_id}
+        if self.checkpoint_dir:
+            env[CHECKPOINT_DIR_ENV] = self.checkpoint_dir
+        return env
+
+    def new_address(self, slot: int) -> None:
+        """A restarted PS must come back where the workers look for it."""
+
+    def exit_barrier(self) -> None:
+        """The PS ends the job; there is nothing to wait for."""
+
+    def leave(self, reason: str) -> None:
+        """Workers leave the PS themselves (SIGTERM: push the gradient in flight, then leave)."""
+
+    def close(self) -> None:
+        """Nothing held."""

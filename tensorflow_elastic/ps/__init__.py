@@ -1,0 +1,34 @@
+"""Asynchronous parameter-server mode: a PS applies workers' gradients in the order a policy chooses.
+
+Names load on first use, so the launcher can read the role settings
+(:mod:`tensorflow_elastic.ps.environment`) without importing TensorFlow.
+"""
+
+import importlib
+
+_LAZY = {
+    "PSConfig": "tensorflow_elastic.ps.config",
+    "POLICIES": "tensorflow_elastic.ps.config",
+    "Master": "tensorflow_elastic.ps.master",
+    "Gradient": "tensorflow_elastic.ps.master",
+    "ParameterServer": "tensorflow_elastic.ps.server",
+    "PSWorker": "tensorflow_elastic.ps.worker",
+    "WorkerResult": "tensorflow_elastic.ps.worker",
+    "PSClient": "tensorflow_elastic.ps.client",
+    "PSError": "tensorflow_elastic.ps.client",
+    "CheckpointError": "tensorflow_elastic.ps.checkpoint",
+    "run": "tensorflow_elastic.ps.api",
+    "keras_gradient_fn": "tensorflow_elastic.ps.api",
+    "ROLE_ENV": "tensorflow_elastic.ps.environment",
+    "ADDRESS_ENV": "tensorflow_elastic.ps.environment",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tensorflow_elastic.ps' has no attribute '{name}'")
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = list(_LAZY)

@@ -1,0 +1,117 @@
+"""A worker's connection to the parameter server, riding out PS restarts.
+
+Calls retry while the PS is unreachable (it may be restarting from its
+checkpoint) up to ``reconnect_timeout``; a PS that no longer knows the
+worker (restarted, or the lease expired) gets a re-registration under the
+same id and the call is repeated once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Sequence, TypeVar
+
+import grpc
+import numpy as np
+
+from tensorflow_elastic.proto import parameter_server_pb2 as pb
+from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
+from tensorflow_elastic.ps import tensors
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+class PSError(RuntimeError):
+    """The parameter server refused a call or could not be reached in time."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+class PSClient:
+    def __init__(self, address: str, job_id: str = "default", *, call_timeout: float = 60.0,
+                 reconnect_timeout: float = 120.0):
+        self.address = address
+        self.job_id = job_id
+        self.worker_id = ""
+        self.call_timeout = call_timeout
+        self.reconnect_timeout = reconnect_timeout
+        self._channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self._stub = pb_grpc.ParameterServerStub(self._channel)
+        self.registration: pb.RegisterResponse | None = None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> "PSClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: Callable[..., T], request: Any, timeout: float | None = None,
+              reregister: bool = True) -> T:
+        deadline = time.monotonic() + self.reconnect_timeout
+        delay = 0.05
+        while True:
+            try:
+                return method(request, timeout=timeout or self.call_timeout)
+            except grpc.RpcError as e:
+                code, details = e.code(), e.details() or ""
+                if code in _RETRYABLE and time.monotonic() + delay < deadline:
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                if code == grpc.StatusCode.NOT_FOUND and reregister and self.worker_id:
+                    logger.warning("parameter server forgot worker %s (%s); registering again",
+                                   self.worker_id, details)
+                    self.register()
+                    return self._call(method, request, timeout, reregister=False)
+                if code in _RETRYABLE:
+                    details = (f"parameter server at {self.address} unreachable for "
+                               f"{self.reconnect_timeout:.0f} s ({details})")
+                raise PSError(code, details) from None
+
+    def register(self) -> pb.RegisterResponse:
+        response = self._call(self._stub.Register,
+                              pb.RegisterRequest(job_id=self.job_id, worker_id=self.worker_id),
+                              reregister=False)
+        self.worker_id = response.worker_id
+        self.registration = response
+        return response
+
+    def pull(self, have_version: int = -1, min_version: int = 0,
+             wait_seconds: float = 0.0) -> pb.PullResponse:
+        request = pb.PullRequest(job_id=self.job_id, worker_id=self.worker_id,
+                                 have_version=have_version, min_version=min_version,
+                                 wait_seconds=wait_seconds)
+        return self._call(self._stub.Pull, request, timeout=self.call_timeout + wait_seconds)
+
+    def push(self, version: int, gradients: Sequence[np.ndarray], samples: int = 1,
+             loss: float | None = None) -> pb.PushResponse:
+        request = pb.PushRequest(job_id=self.job_id, worker_id=self.worker_id, version=version,
+                                 gradients=tensors.encode_all(gradients), samples=samples,
+                                 loss=loss)
+        return self._call(self._stub.Push, request)
+
+    def heartbeat(self) -> pb.PushResponse:
+        return self._call(self._stub.Heartbeat,
+                          pb.HeartbeatRequest(job_id=self.job_id, worker_id=self.worker_id))
+
+    def leave(self, finished: bool, reason: str = "") -> None:
+        self._call(self._stub.Leave, pb.LeaveRequest(job_id=self.job_id, worker_id=self.worker_id,
+                                                     finished=finished, reason=reason),
+                   reregister=False)
+
+    def status(self) -> pb.StatusResponse:
+        return self._call(self._stub.Status, pb.StatusRequest(job_id=self.job_id))
+
+    def configure(self, **changes: int) -> pb.ConfigureResponse:
+        return self._call(self._stub.Configure, pb.ConfigureRequest(job_id=self.job_id, **changes))

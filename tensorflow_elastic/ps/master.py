@@ -1,0 +1,515 @@
+"""The master loop of the parameter server: accept or reject gradients, order them, aggregate, apply.
+
+gRPC handler threads only :meth:`Master.submit` (an append under a lock), so
+a slow update never holds up a worker's request. One thread runs
+:meth:`Master.run_once` in a loop: it takes up to ``max_to_accept`` queued
+gradients, checks each (unknown or finished worker, version from the future,
+staleness bound), holds the accepted ones in the policy's priority structure
+and, while the policy says a block is due, averages the block and calls
+``apply`` outside the lock. Counts, the last update (the cdis reference) and
+the per-worker samples (the wskew shares) survive a restart through
+:meth:`Master.state_dict`. No TensorFlow here: gradients are numpy arrays.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import enum
+import itertools
+import math
+import threading
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.policies import Policy, make_policy
+
+
+class Rejected(str, enum.Enum):
+    """Why a gradient was not accepted (the values are the keys of ``stats()["rejected"]``)."""
+
+    STALE = "stale"                     # older than max_staleness versions (synch: any older version)
+    FINISHED = "finished"               # its worker acknowledged the end, or the job is stopping
+    UNKNOWN_WORKER = "unknown_worker"   # never registered, or removed after dying
+    FUTURE_VERSION = "future_version"   # a version the master has not reached (e.g. after a restart)
+    DUPLICATE = "duplicate"             # synch: a second gradient from one worker in a round
+
+
+# Accepted gradients that are dropped instead of applied (keys of ``stats()["dropped"]``).
+DROPPED_STALE = "stale"              # aged past max_staleness while held
+DROPPED_WORKER_LEFT = "worker_left"  # its worker died or left before the gradient was applied
+
+# Names passed to ``on_event``.
+WORKER_ADDED = "ps_worker_added"
+WORKER_REMOVED = "ps_worker_removed"
+CONFIG_CHANGED = "ps_config_changed"
+STOPPED = "ps_stop"
+
+# Values of ``stop_reason``.
+STOP_ITERATIONS = "iterations"
+STOP_CONVERGED = "converged"
+
+# Keys of ``state_dict()`` that hold arrays (a list of arrays, or None); all others are JSON.
+ARRAY_KEYS = ("reference",)
+
+
+@dataclasses.dataclass
+class Gradient:
+    """One worker's gradient, computed on parameter ``version``."""
+
+    worker: str
+    version: int
+    arrays: list[np.ndarray]   # one per variable; the server has checked shapes and dtypes
+    samples: int = 1           # samples behind this gradient (wskew)
+    loss: float | None = None
+    sequence: int = 0          # arrival order, set by Master.submit
+
+
+def aggregate(block: Sequence[Gradient], weights: np.ndarray | None = None) -> list[np.ndarray]:
+    """The (weighted) mean of the block, variable by variable, in the gradients' dtype.
+
+    A block of one is returned as is: no copy on the common path of one
+    gradient per update.
+    """
+    if len(block) == 1:
+        return list(block[0].arrays)
+    if weights is None:
+        weights = np.full(len(block), 1.0 / len(block))
+    result = []
+    for parts in zip(*(g.arrays for g in block)):
+        total = parts[0] * parts[0].dtype.type(weights[0])
+        for part, weight in zip(parts[1:], weights[1:]):
+            total += part * part.dtype.type(weight)
+        result.append(np.asarray(total))
+    return result
+
+
+def plateaued(losses: Sequence[float], window: int, tolerance: float) -> bool:
+    """True when the mean of the last ``window`` losses improves on the window before by less
+    than ``tolerance``, relative to the earlier mean."""
+    if len(losses) < 2 * window:
+        return False
+    before = float(np.mean(losses[-2 * window:-window]))
+    last = float(np.mean(losses[-window:]))
+    return (before - last) < tolerance * max(abs(before), np.finfo(float).tiny)
+
+
+def percentile(histogram: dict[int, int], fraction: float) -> int | None:
+    """Nearest-rank percentile of a {value: count} histogram; None when it is empty."""
+    total = sum(histogram.values())
+    if total == 0:
+        return None
+    rank = max(1, math.ceil(fraction * total))
+    values = sorted(histogram)
+    cumulative = itertools.accumulate(histogram[value] for value in values)
+    return next(value for value, seen in zip(values, cumulative) if seen >= rank)
+
+
+@dataclasses.dataclass
+class _Tally:
+    """The master's counters: what stats() reports and state_dict() saves."""
+
+    accepted: int = 0
+    updates: int = 0
+    applied: int = 0
+    fast_path: int = 0
+    peak_workers: int = 0
+    rejected: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {reason.value: 0 for reason in Rejected})
+    dropped: dict[str, int] = dataclasses.field(
+        default_factory=lambda: {DROPPED_STALE: 0, DROPPED_WORKER_LEFT: 0})
+    per_worker: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    # staleness (versions behind when applied) -> gradients
+    staleness: dict[int, int] = dataclasses.field(default_factory=dict)
+    losses: list[float] = dataclasses.field(default_factory=list)
+    last_loss: float | None = None
+
+    def worker(self, name: str) -> dict[str, int]:
+        return self.per_worker.setdefault(name, {"accepted": 0, "rejected": 0, "samples": 0})
+
+    def accept(self, gradient: Gradient, window: int | None) -> None:
+        self.accepted += 1
+        counts = self.worker(gradient.worker)
+        counts["accepted"] += 1
+        counts["samples"] += gradient.samples
+        if gradient.loss is not None:
+            self.last_loss = float(gradient.loss)
+            if window is not None:
+                self.losses = (self.losses + [self.last_loss])[-2 * window:]
+
+    def reject(self, worker: str, reason: Rejected) -> None:
+        self.rejected[reason.value] += 1
+        self.worker(worker)["rejected"] += 1
+
+    def update(self, block: Sequence[Gradient], version: int) -> None:
+        self.updates += 1
+        self.applied += len(block)
+        for gradient in block:
+            lag = version - gradient.version
+            self.staleness[lag] = self.staleness.get(lag, 0) + 1
+
+    def samples(self) -> dict[str, int]:
+        return {name: counts["samples"] for name, counts in self.per_worker.items()}
+
+    def state(self) -> dict[str, Any]:
+        state = dataclasses.asdict(self)
+        state["staleness"] = {str(lag): count for lag, count in self.staleness.items()}
+        return state
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "_Tally":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        tally = cls(**{key: value for key, value in state.items() if key in fields})
+        tally.staleness = {int(lag): int(count) for lag, count in tally.staleness.items()}
+        return tally
+
+
+class Master:
+    """Accepts, orders, aggregates and applies gradients as ``config.policy`` says.
+
+    ``apply(arrays, new_version)`` is called from the thread running
+    :meth:`run_once` (one thread at a time runs the loop); the version is
+    bumped after it returns. An exception from ``apply`` propagates and its
+    block is lost. ``on_event(name, **fields)`` hears of workers joining and
+    leaving, configuration changes and the stop decision; it is called
+    without the master's lock held, so it may call back into the master.
+    """
+
+    def __init__(self, config: PSConfig, apply: Callable[[list[np.ndarray], int], None],
+                 version: int = 0, on_event: Callable[..., None] | None = None):
+        config.validate()
+        self._config = config
+        self._apply = apply
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._loop_lock = threading.Lock()
+        self._woken = False
+        self._queue: collections.deque[Gradient] = collections.deque()
+        self._version = version
+        self._sequence = 0
+        self._live: set[str] = set()
+        # finished worker -> first sequence number submitted after it finished
+        self._finished: dict[str, int] = {}
+        self._policy: Policy = make_policy(config.policy)
+        self._reference: list[np.ndarray] | None = None
+        self._tally = _Tally()
+        self._stop_reason: str | None = None
+        self._outbox: list[tuple[str, dict[str, Any]]] = []
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def version(self) -> int:
+        with self._lock:
+            return self._version
+
+    @property
+    def config(self) -> PSConfig:
+        """The newest configuration (the loop adopts it at its next iteration)."""
+        with self._lock:
+            return self._config
+
+    @property
+    def stop_reason(self) -> str | None:
+        with self._lock:
+            return self._stop_reason
+
+    # --------------------------------------------------------------- membership
+
+    def add_worker(self, worker: str) -> None:
+        """Registers a worker (again, after it finished or died: it starts afresh)."""
+        with self._lock:
+            if worker not in self._live:
+                self._live.add(worker)
+                self._finished.pop(worker, None)
+                self._tally.peak_workers = max(self._tally.peak_workers, len(self._live))
+                self._emit_later(WORKER_ADDED, worker=worker, live=len(self._live))
+        self._deliver()
+
+    def remove_worker(self, worker: str, finished: bool = False) -> None:
+        """A worker is gone: ``finished`` after it acknowledged the end, else it died or left.
+
+        A finished worker's gradients submitted before it finished still
+        count; later ones are rejected as FINISHED. A dead worker's queued and
+        held gradients are dropped (it loses only what was in flight). Either
+        way ``synch`` stops waiting for it.
+        """
+        with self._wake:
+            if worker not in self._live:
+                return
+            self._live.discard(worker)
+            dropped = 0
+            if finished:
+                self._finished[worker] = self._sequence
+            else:
+                queued = len(self._queue)
+                self._queue = collections.deque(g for g in self._queue if g.worker != worker)
+                dropped = queued - len(self._queue)
+                dropped += len(self._policy.remove_if(lambda g: g.worker == worker))
+                self._tally.dropped[DROPPED_WORKER_LEFT] += dropped
+            self._woken = True
+            self._wake.notify_all()
+            self._emit_later(WORKER_REMOVED, worker=worker, finished=finished, dropped=dropped,
+                             live=len(self._live))
+        self._deliver()
+
+    def live_workers(self) -> list[str]:
+        with self._lock:
+            return sorted(self._live)
+
+    # ------------------------------------------------------------ configuration
+
+    def update_config(self, **changes: Any) -> None:
+        """Changes settings while training runs; the loop adopts them at its next iteration.
+
+        Raises ValueError (and keeps the old settings) when the result is invalid.
+        """
+        with self._wake:
+            self._config = self._config.replace(**changes)
+            self._woken = True
+            self._wake.notify_all()
+            self._emit_later(CONFIG_CHANGED, changes=dict(changes))
+        self._deliver()
+
+    # ------------------------------------------------------------------- the loop
+
+    def submit(self, gradient: Gradient) -> None:
+        """Queues a gradient and stamps its arrival order; never waits for an update."""
+        with self._wake:
+            gradient.sequence = self._sequence
+            self._sequence += 1
+            self._queue.append(gradient)
+            self._wake.notify()
+
+    def run_once(self, timeout: float) -> int:
+        """One iteration: wait up to ``timeout`` for gradients, take, check, hold, apply.
+
+        Returns the number of updates applied. Membership and configuration
+        changes wake it too, since they can make a block due (e.g. ``synch``
+        after a worker left).
+        """
+        with self._loop_lock:
+            with self._wake:
+                self._wake.wait_for(lambda: self._queue or self._woken, timeout)
+                self._woken = False
+                config = self._adopt_config()
+                self._evaluate_stop(config)
+                taken = self._take(config)
+            updates = 0
+            for gradient in taken:
+                with self._lock:
+                    apply_now = self._accept(gradient, config)
+                    version = self._version
+                if apply_now:
+                    self._apply_block([gradient], None, version)
+                    updates += 1
+                elif self._policy.eager:
+                    updates += self._apply_ready(config)
+            updates += self._apply_ready(config)
+        self._deliver()
+        return updates
+
+    def run(self, stop: threading.Event, poll: float = 0.05) -> None:
+        """Runs :meth:`run_once` until ``stop`` is set or the master decided to stop."""
+        while not stop.is_set():
+            self.run_once(poll)
+            if self.should_stop():
+                return
+
+    def should_stop(self) -> bool:
+        """True once the async iteration total is reached or the loss has plateaued."""
+        with self._lock:
+            self._evaluate_stop(self._config)
+            stopped = self._stop_reason is not None
+        self._deliver()
+        return stopped
+
+    # --------------------------------------------------------------- reporting
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for status pages and benchmarks.
+
+        ``staleness`` has the histogram (versions behind when applied ->
+        gradients) and its median, p95 and max; ``per_worker`` has each
+        worker's accepted, rejected and samples.
+        """
+        with self._lock:
+            tally = self._tally
+            histogram = dict(sorted(tally.staleness.items()))
+            return {
+                "policy": self._policy.name,
+                "version": self._version,
+                "accepted": tally.accepted,
+                "rejected": dict(tally.rejected),
+                "rejected_total": sum(tally.rejected.values()),
+                "dropped": dict(tally.dropped),
+                "updates": tally.updates,
+                "applied": tally.applied,
+                "fast_path": tally.fast_path,
+                "held": len(self._policy),
+                "queued": len(self._queue),
+                "live_workers": sorted(self._live),
+                "peak_workers": tally.peak_workers,
+                "per_worker": {name: dict(counts) for name, counts in tally.per_worker.items()},
+                "staleness": {
+                    "histogram": histogram,
+                    "median": percentile(histogram, 0.5),
+                    "p95": percentile(histogram, 0.95),
+                    "max": max(histogram, default=None),
+                },
+                "last_loss": tally.last_loss,
+                "stop_reason": self._stop_reason,
+            }
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: counts, version, and the last update under ``"reference"``.
+
+        Every key but those in :data:`ARRAY_KEYS` is JSON-serialisable;
+        ``"reference"`` is a list of arrays (None before the first update).
+        Queued and held gradients are not kept: workers resend after a restart.
+        """
+        with self._lock:
+            state = self._tally.state()
+            state["version"] = self._version
+            state["sequence"] = self._sequence
+            state["reference"] = None if self._reference is None else list(self._reference)
+            return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resumes from :meth:`state_dict`; queued and held gradients are discarded."""
+        with self._lock:
+            self._tally = _Tally.from_state(state)
+            self._version = int(state["version"])
+            self._sequence = int(state["sequence"])
+            reference = state.get("reference")
+            self._reference = None if reference is None else [np.asarray(a) for a in reference]
+            self._queue.clear()
+            self._policy = self._new_policy(self._config.policy)
+            self._stop_reason = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _adopt_config(self) -> PSConfig:
+        """The configuration for this iteration; moves held gradients into a new policy's order."""
+        config = self._config
+        if config.policy != self._policy.name:
+            held = self._policy.drain()
+            self._policy = self._new_policy(config.policy)
+            for gradient in held:
+                self._policy.push(gradient)
+        return config
+
+    def _new_policy(self, name: str) -> Policy:
+        policy = make_policy(name)
+        if self._reference is not None:
+            policy.observe_update(self._reference)
+        return policy
+
+    def _take(self, config: PSConfig) -> list[Gradient]:
+        """Up to ``max_to_accept`` queued gradients, fewer when the held structure is near full."""
+        limit = config.take_limit(len(self._live))
+        capacity = self._policy.capacity(config)
+        if capacity is not None:
+            limit = min(limit, max(0, capacity - len(self._policy)))
+        return [self._queue.popleft() for _ in range(min(limit, len(self._queue)))]
+
+    def _check(self, gradient: Gradient, config: PSConfig) -> Rejected | None:
+        if self._stop_reason is not None:
+            return Rejected.FINISHED
+        finished_at = self._finished.get(gradient.worker)
+        if finished_at is not None:
+            if gradient.sequence >= finished_at:
+                return Rejected.FINISHED
+        elif gradient.worker not in self._live:
+            return Rejected.UNKNOWN_WORKER
+        if gradient.version > self._version:
+            return Rejected.FUTURE_VERSION
+        bound = self._policy.staleness_bound(config)
+        if bound is not None and self._version - gradient.version > bound:
+            return Rejected.STALE
+        if not self._policy.admits(gradient):
+            return Rejected.DUPLICATE
+        return None
+
+    def _accept(self, gradient: Gradient, config: PSConfig) -> bool:
+        """Checks and holds one gradient (under the lock); True to apply it at once (fast path)."""
+        reason = self._check(gradient, config)
+        if reason is not None:
+            self._tally.reject(gradient.worker, reason)
+            return False
+        self._tally.accept(gradient, config.convergence_window)
+        self._evaluate_stop(config)
+        if self._policy.eager and not len(self._policy):
+            self._tally.fast_path += 1
+            return True
+        self._policy.push(gradient)
+        return False
+
+    def _apply_ready(self, config: PSConfig) -> int:
+        """Applies blocks while the policy says one is due; after a stop, flushes what is held."""
+        updates = 0
+        while True:
+            with self._lock:
+                bound = self._policy.staleness_bound(config)
+                if bound is not None:
+                    expired = self._policy.remove_if(lambda g: self._version - g.version > bound)
+                    self._tally.dropped[DROPPED_STALE] += len(expired)
+                count = (self._policy.block_size(config, self._live, self._stop_reason is not None)
+                         if self._started(config) else 0)
+                if not count:
+                    return updates
+                block = self._policy.pop(count)
+                weights = self._policy.weights(block, self._tally.samples())
+                version = self._version
+            self._apply_block(block, weights, version)
+            updates += 1
+
+    def _apply_block(self, block: list[Gradient], weights: np.ndarray | None, version: int) -> None:
+        arrays = aggregate(block, weights)
+        self._apply(arrays, version + 1)
+        with self._lock:
+            self._version = version + 1
+            self._tally.update(block, version)
+            self._reference = arrays
+            self._policy.observe_update(arrays)
+
+    def _started(self, config: PSConfig) -> bool:
+        """synch with ``workers`` set holds its first update until that many have registered,
+        so the first rounds are not averaged over whoever connected first."""
+        return (not config.is_synchronous or config.workers is None
+                or self._tally.peak_workers >= config.workers)
+
+    def _iteration_target(self, config: PSConfig) -> int | None:
+        """Accepted gradients that end an async job: workers x iterations."""
+        if config.is_synchronous or config.iterations is None:
+            return None
+        workers = config.workers if config.workers is not None else self._tally.peak_workers
+        return workers * config.iterations if workers else None
+
+    def _evaluate_stop(self, config: PSConfig) -> None:
+        if self._stop_reason is not None:
+            return
+        target = self._iteration_target(config)
+        if target is not None and self._tally.accepted >= target:
+            self._stop_reason = STOP_ITERATIONS
+        elif config.convergence_window is not None and plateaued(
+                self._tally.losses, config.convergence_window, config.convergence_tolerance):
+            self._stop_reason = STOP_CONVERGED
+        else:
+            return
+        self._emit_later(STOPPED, reason=self._stop_reason, accepted=self._tally.accepted,
+                         version=self._version, target=target, last_loss=self._tally.last_loss)
+
+    def _emit_later(self, name: str, **fields: Any) -> None:
+        self._outbox.append((name, fields))
+
+    def _deliver(self) -> None:
+        """Calls on_event for what happened, outside the lock."""
+        with self._lock:
+            outbox, self._outbox = self._outbox, []
+        if self._on_event is not None:
+            for name, fields in outbox:
+                self._on_event(name, **fields)

@@ -1,0 +1,254 @@
+"""The parameter server process: the model's variables, the master loop, and the gRPC service.
+
+One thread runs the master loop (take gradients, order them by the policy,
+aggregate, apply); gRPC handler threads only check requests and queue
+gradients, so a slow worker never holds up the others. The job ends when a
+stop was decided (iteration total or convergence) and every worker has
+acknowledged it, or when every worker has finished its own iterations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from concurrent import futures
+from typing import Any, Callable, Sequence
+
+import grpc
+
+from tensorflow_elastic import events
+from tensorflow_elastic.events import EventLog
+from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
+from tensorflow_elastic.ps.checkpoint import Checkpointer
+from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
+from tensorflow_elastic.ps.parameters import Parameters
+from tensorflow_elastic.ps.registry import WorkerRegistry
+from tensorflow_elastic.ps.service import ParameterServerService
+
+logger = logging.getLogger(__name__)
+
+SYNCH = "synch"
+CHECKPOINT_SAVED = "checkpoint_saved"
+_MASTER_POLL_S = 0.02
+_GRPC_OPTIONS = [("grpc.max_receive_message_length", -1),
+                 ("grpc.max_send_message_length", -1)]
+
+
+class NoWorkersError(RuntimeError):
+    """The PS waited ``idle_timeout`` seconds without a single live worker."""
+
+
+class ParameterServer:
+    """Serves ``variables`` to workers and applies their gradients with ``optimizer``.
+
+    ``checkpoint_dir`` makes the PS save every ``checkpoint_every`` updates and
+    resume from the newest checkpoint when it starts again (workers reconnect
+    by themselves). Workers silent for ``lease_timeout`` seconds are dropped.
+    ``on_update(version)`` runs on the master thread after every update (e.g.
+    to evaluate the model); it delays the next update while it runs.
+    """
+
+    def __init__(self, variables: Sequence[Any], optimizer: Any, config: PSConfig | None = None,
+                 *, host: str = "127.0.0.1", port: int = 0, job_id: str = "default",
+                 checkpoint_dir: str | None = None, checkpoint_every: int = 100,
+                 lease_timeout: float = 10.0, idle_timeout: float = 300.0,
+                 events_file: str | None = None, step_events_every: int = 10,
+                 handler_threads: int = 32, on_update: Callable[[int], None] | None = None):
+        config = config or PSConfig()
+        config.validate()
+        for name, value in (("checkpoint_every", checkpoint_every), ("idle_timeout", idle_timeout),
+                            ("step_events_every", step_events_every)):
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        self.job_id = job_id
+        self.parameters = Parameters(variables, optimizer)
+        self.registry = WorkerRegistry(lease_timeout)
+        self.master = Master(config, self._apply, on_event=self._on_master_event)
+        self.stopping = threading.Event()
+        self._events = EventLog(events_file, source="ps")
+        self._checkpointer = (Checkpointer(checkpoint_dir, self.parameters.variables, optimizer)
+                              if checkpoint_dir else None)
+        self._checkpoint_every = checkpoint_every
+        self._idle_timeout = idle_timeout
+        self._step_events_every = step_events_every
+        self._host, self._port = host, port
+        self._handler_threads = handler_threads
+        self._on_update = on_update
+        self._service = ParameterServerService(self)
+        self._server: grpc.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._done = threading.Event()
+        self._shutdown = threading.Event()
+        self.error: BaseException | None = None
+        self.restored_version: int | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def address(self) -> str:
+        return f"{self._host}:{self._port}"
+
+    @property
+    def worker_iterations(self) -> int:
+        """What each worker counts itself: its iterations in the synchronous policy."""
+        config = self.master.config
+        return config.iterations or 0 if config.policy == SYNCH else 0
+
+    def start(self) -> "ParameterServer":
+        self._restore()
+        server = grpc.server(futures.ThreadPoolExecutor(self._handler_threads,
+                                                        thread_name_prefix="ps-rpc"),
+                             options=_GRPC_OPTIONS)
+        pb_grpc.add_ParameterServerServicer_to_server(self._service, server)
+        port = server.add_insecure_port(f"{self._host}:{self._port}")
+        if port == 0:
+            raise OSError(f"cannot listen on {self._host}:{self._port}; pick a free port")
+        self._port = port
+        server.start()
+        self._server = server
+        self._thread = threading.Thread(target=self._loop, name="ps-master", daemon=True)
+        self._thread.start()
+        logger.info("parameter server for job %r listening on %s", self.job_id, self.address)
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the job ended (raises what ended it, if it failed)."""
+        done = self._done.wait(timeout)
+        if done and self.error is not None:
+            raise self.error
+        return done
+
+    def stop(self, grace: float = 1.0) -> None:
+        self._shutdown.set()
+        self.stopping.set()
+        self.parameters.wake_waiters()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._server is not None:
+            self._server.stop(grace).wait(grace + 5)
+
+    def __enter__(self) -> "ParameterServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------- workers
+
+    def add_worker(self, worker_id: str) -> str:
+        worker_id, is_new = self.registry.register(worker_id)
+        if is_new:
+            self.master.add_worker(worker_id)
+            self._events.record(events.NODE_JOINED, node=_node(worker_id),
+                                generation=self.parameters.version, role="worker")
+        return worker_id
+
+    def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None:
+        if self.registry.remove(worker_id, finished=finished):
+            self.master.remove_worker(worker_id, finished=finished)
+            self._events.record(events.NODE_LEFT, node=_node(worker_id),
+                                generation=self.parameters.version, reason=reason)
+
+    # --------------------------------------------------------------- master loop
+
+    def _loop(self) -> None:
+        idle_since = time.monotonic()
+        try:
+            while not self._shutdown.is_set():
+                self.master.run_once(_MASTER_POLL_S)
+                for worker_id in self.registry.expired():
+                    self.master.remove_worker(worker_id, finished=False)
+                    self._events.record(events.FAILURE_DETECTED, node=_node(worker_id),
+                                        generation=self.parameters.version,
+                                        failed=[_node(worker_id)], cause="lease expired")
+                if self.master.should_stop() and not self.stopping.is_set():
+                    self._begin_stop(self.master.stop_reason or "stop")
+                live = self.registry.live()
+                if live:
+                    idle_since = time.monotonic()
+                elif self.stopping.is_set() or self.registry.finished > 0:
+                    break
+                elif time.monotonic() - idle_since > self._idle_timeout:
+                    raise NoWorkersError(
+                        f"no worker for {self._idle_timeout:.0f} s (version "
+                        f"{self.parameters.version}); start workers with the PS address "
+                        f"{self.address}, or raise idle_timeout")
+            self._save_checkpoint()
+            if not self._shutdown.is_set():
+                self._events.record(events.JOB_COMPLETE, node=None,
+                                    generation=self.parameters.version,
+                                    version=self.parameters.version,
+                                    reason=self.master.stop_reason or "workers finished")
+        except BaseException as e:  # the caller of wait() gets it
+            self.error = e
+            logger.error("parameter server failed: %s", e)
+        finally:
+            self.stopping.set()
+            self.parameters.wake_waiters()
+            self._done.set()
+
+    def _begin_stop(self, reason: str) -> None:
+        logger.info("stopping at version %d: %s; waiting for workers to acknowledge",
+                    self.parameters.version, reason)
+        self.stopping.set()
+        self.parameters.wake_waiters()
+
+    def _apply(self, arrays: list, version: int) -> None:
+        self.parameters.apply(arrays, version)
+        if self._on_update is not None:
+            self._on_update(version)
+        if version % self._step_events_every == 0:
+            self._events.record(events.STEP, node=None, generation=version, step=version,
+                                loss=self.master.stats().get("last_loss"))
+        if self._checkpointer is not None and version % self._checkpoint_every == 0:
+            self._save_checkpoint()
+
+    # --------------------------------------------------------------- checkpoints
+
+    def _save_checkpoint(self) -> None:
+        if self._checkpointer is None:
+            return
+        version = self.parameters.version
+        state = self.master.state_dict()
+        state["next_worker_id"] = self.registry.next_id
+        path = self._checkpointer.save(version, state)
+        self._events.record(CHECKPOINT_SAVED, node=None, generation=version, path=path)
+
+    def _restore(self) -> None:
+        if self._checkpointer is None:
+            return
+        restored = self._checkpointer.restore()
+        if restored is None:
+            return
+        version, state = restored
+        self.registry.next_id = int(state.pop("next_worker_id", 0))
+        self.master.load_state_dict(state)
+        self.parameters.set_version(version)
+        self.restored_version = version
+        self._events.record(events.STATE_RESTORED, node=None, generation=version, step=version,
+                            lost_steps=None, source_checkpoint=self._checkpointer.directory)
+        logger.info("resumed from checkpoint at version %d", version)
+
+    # -------------------------------------------------------------------- status
+
+    def stats(self) -> dict[str, Any]:
+        stats = dict(self.master.stats())
+        stats["bad_requests"] = dict(self._service.bad_requests)
+        stats["version"] = self.parameters.version
+        stats["workers"] = self.registry.live()
+        return stats
+
+    def config_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.master.config)
+
+    def _on_master_event(self, name: str, **fields: Any) -> None:
+        if name in (WORKER_ADDED, WORKER_REMOVED):
+            return  # recorded as node_joined / node_left, the names every part uses
+        self._events.record(name, node=None, generation=self.parameters.version, **fields)
+
+
+def _node(worker_id: str) -> int | str:
+    return int(worker_id) if worker_id.isdigit() else worker_id

@@ -1,0 +1,162 @@
+"""A PS worker's loop: pull parameters, compute a gradient on local data, push it.
+
+In the synchronous policy each worker computes exactly one gradient per
+version and counts its own iterations; in the asynchronous policies it
+always works on the newest parameters it can get and runs until the PS says
+stop (or its data ends). A preemption notice (``request_stop``) ends the
+loop at an iteration boundary, after the gradient in flight was pushed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from tensorflow_elastic.ps import tensors
+from tensorflow_elastic.ps.client import PSClient, PSError
+from tensorflow_elastic.ps.parameters import variable_specs
+from tensorflow_elastic.ps.reasons import FUTURE_VERSION
+
+logger = logging.getLogger(__name__)
+
+GradientFn = Callable[[Any], tuple[Any, Sequence[Any]]]
+SYNCH = "synch"
+_SYNCH_WAIT_S = 5.0
+
+
+@dataclasses.dataclass
+class WorkerResult:
+    worker_id: str
+    iterations: int
+    last_loss: float | None
+    version: int
+    reason: str
+
+
+class PSWorker:
+    """Trains ``variables`` (a local copy of the PS's) with ``gradient_fn(batch) -> (loss, grads)``.
+
+    ``progress_timeout`` bounds how long the worker waits, in the synchronous
+    policy, for the PS to publish the next version.
+    """
+
+    def __init__(self, address: str, variables: Sequence[Any], gradient_fn: GradientFn, *,
+                 job_id: str = "default", reconnect_timeout: float = 120.0,
+                 progress_timeout: float = 600.0):
+        self.variables = list(variables)
+        self.gradient_fn = gradient_fn
+        self.client = PSClient(address, job_id, reconnect_timeout=reconnect_timeout)
+        self.progress_timeout = progress_timeout
+        self._stop_requested = threading.Event()
+        self._heartbeats_done = threading.Event()
+
+    def request_stop(self) -> None:
+        """Leave at the next iteration boundary (e.g. on a preemption notice)."""
+        self._stop_requested.set()
+
+    def _check_variables(self) -> None:
+        remote = [(s.dtype, list(s.shape)) for s in self.client.registration.variables]
+        local = [(s.dtype, list(s.shape)) for s in variable_specs(self.variables)]
+        if remote != local:
+            raise ValueError(f"this worker's model does not match the parameter server's: "
+                             f"local variables {local}, PS variables {remote}; build the same "
+                             f"model on both")
+
+    def _heartbeat_loop(self, interval: float) -> None:
+        while not self._heartbeats_done.wait(interval):
+            try:
+                self.client.heartbeat()
+            except Exception as e:  # the training loop reports real trouble itself
+                logger.debug("heartbeat failed: %s", e)
+
+    def _assign(self, parameters: Sequence[Any]) -> None:
+        for variable, tensor in zip(self.variables, parameters):
+            variable.assign(tensors.decode(tensor))
+
+    def run(self, batches: Iterable[Any]) -> WorkerResult:
+        registration = self.client.register()
+        self._check_variables()
+        synch = registration.policy == SYNCH
+        limit = registration.iterations or None
+        heartbeat = threading.Thread(target=self._heartbeat_loop,
+                                     args=(max(0.05, registration.lease_seconds / 4),),
+                                     name="ps-heartbeat", daemon=True)
+        heartbeat.start()
+        version, iterations, last_loss, reason = -1, 0, None, "data exhausted"
+        try:
+            for batch in batches:
+                if self._stop_requested.is_set():
+                    reason = "stop requested"
+                    break
+                if limit is not None and iterations >= limit:
+                    reason = "iterations done"
+                    break
+                pulled = self._pull(version, synch and version >= 0)
+                if pulled.stop:
+                    reason = "stopped by the parameter server"
+                    break
+                if pulled.parameters:
+                    self._assign(pulled.parameters)
+                    version = pulled.version
+                loss, gradients = self.gradient_fn(batch)
+                arrays = [_to_array(g, v) for g, v in zip(gradients, self.variables)]
+                last_loss = float(loss)
+                try:
+                    pushed = self.client.push(version, arrays, samples=_samples(batch),
+                                              loss=last_loss)
+                except PSError as e:
+                    if not e.message.startswith(FUTURE_VERSION):
+                        raise
+                    # The PS restarted from a checkpoint older than our parameters: this
+                    # gradient is lost; start again from the PS's version.
+                    logger.warning("parameter server went back to an older version (%s)", e.message)
+                    version = -1
+                    continue
+                iterations += 1
+                if pushed.stop:
+                    reason = "stopped by the parameter server"
+                    break
+            else:
+                if limit is not None and iterations >= limit:
+                    reason = "iterations done"
+        finally:
+            self._heartbeats_done.set()
+            heartbeat.join(timeout=5)
+        finished = reason != "stop requested"
+        self.client.leave(finished=finished, reason=reason)
+        self.client.close()
+        return WorkerResult(self.client.worker_id, iterations, last_loss, version, reason)
+
+    def _pull(self, version: int, wait_for_next: bool):
+        """The newest parameters; in the synchronous policy, those after our last gradient."""
+        if not wait_for_next:
+            return self.client.pull(have_version=version)
+        waited = 0.0
+        while True:
+            pulled = self.client.pull(have_version=version, min_version=version + 1,
+                                      wait_seconds=_SYNCH_WAIT_S)
+            if pulled.stop or pulled.version > version or self._stop_requested.is_set():
+                return pulled
+            waited += _SYNCH_WAIT_S
+            if waited >= self.progress_timeout:
+                raise TimeoutError(f"the parameter server published no version after {version} "
+                                   f"for {waited:.0f} s; is it stuck on a missing worker?")
+
+
+def _to_array(gradient: Any, variable: Any) -> np.ndarray:
+    if gradient is None:
+        return np.zeros(tuple(variable.shape), np.dtype(tf.as_dtype(variable.dtype).as_numpy_dtype))
+    if isinstance(gradient, tf.IndexedSlices):
+        gradient = tf.convert_to_tensor(gradient)
+    return np.asarray(gradient)
+
+
+def _samples(batch: Any) -> int:
+    first = tf.nest.flatten(batch)[0]
+    shape = getattr(first, "shape", ())
+    return int(shape[0]) if len(shape) > 0 and shape[0] is not None else 1

@@ -1,0 +1,272 @@
+"""The parameter server over real gRPC in this process: pulls, pushes, bad input, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorflow_elastic.proto import parameter_server_pb2 as pb
+from tensorflow_elastic.ps import tensors
+from tensorflow_elastic.ps.checkpoint import Checkpointer, CheckpointError
+from tensorflow_elastic.ps.client import PSClient, PSError
+from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.server import ParameterServer
+from tensorflow_elastic.ps.worker import PSWorker
+
+TIMEOUT_S = 60
+
+
+def make_variables(seed: int = 0) -> list[tf.Variable]:
+    rng = np.random.RandomState(seed)
+    return [tf.Variable(rng.randn(4, 2).astype(np.float32)), tf.Variable(np.zeros(2, np.float32))]
+
+
+def regression_gradient_fn(variables):
+    w, b = variables
+    true_w = np.random.RandomState(7).randn(4, 2).astype(np.float32)
+
+    @tf.function
+    def gradient(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((x @ w + b - x @ true_w) ** 2)
+        return loss, tape.gradient(loss, [w, b])
+
+    return gradient
+
+
+def batches(seed: int, count: int | None = None):
+    rng = np.random.RandomState(seed)
+    produced = 0
+    while count is None or produced < count:
+        produced += 1
+        yield tf.constant(rng.randn(16, 4).astype(np.float32))
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    servers = []
+
+    def start(config: PSConfig | None = None, variables=None, **options) -> ParameterServer:
+        options.setdefault("lease_timeout", 5.0)
+        server = ParameterServer(variables or make_variables(), tf.keras.optimizers.SGD(0.1),
+                                 config or PSConfig(policy="fifo"), **options)
+        servers.append(server.start())
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def test_round_trip_of_raw_tensors_keeps_values_shape_and_dtype():
+    for array in (np.arange(12, dtype=np.float32).reshape(3, 4), np.array(3.5, np.float64),
+                  np.zeros((0, 2), np.int64)):
+        back = tensors.decode(tensors.encode(array))
+        assert back.dtype == array.dtype and back.shape == array.shape
+        np.testing.assert_array_equal(back, array)
+
+
+def test_a_buffer_that_does_not_match_its_shape_is_refused():
+    tensor = tensors.encode(np.ones((2, 2), np.float32))
+    tensor.data = tensor.data[:-1]
+    with pytest.raises(ValueError, match="needs 16 bytes, got 15"):
+        tensors.decode(tensor)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        tensors.decode(pb.RawTensor(dtype="float99", shape=[1], data=b"\0" * 4))
+
+
+def test_a_pushed_gradient_is_applied_and_the_version_moves(server_factory):
+    server = server_factory()
+    before = [v.numpy().copy() for v in server.parameters.variables]
+    with PSClient(server.address) as client:
+        client.register()
+        pulled = client.pull()
+        assert pulled.version == 0 and len(pulled.parameters) == 2
+        np.testing.assert_array_equal(tensors.decode(pulled.parameters[0]), before[0])
+        gradient = [np.ones((4, 2), np.float32), np.ones(2, np.float32)]
+        client.push(0, gradient, samples=16, loss=1.0)
+        assert client.pull(have_version=0, min_version=1, wait_seconds=10).version == 1
+        after = client.pull()
+        np.testing.assert_allclose(tensors.decode(after.parameters[0]), before[0] - 0.1,
+                                   rtol=1e-6)
+        assert client.pull(have_version=1).parameters == []  # already current: nothing sent
+
+
+def bad_call(client: PSClient, call, *args, **kwargs) -> PSError:
+    with pytest.raises(PSError) as info:
+        call(*args, **kwargs)
+    return info.value
+
+
+def test_bad_requests_get_clear_errors_are_counted_and_change_nothing(server_factory):
+    server = server_factory()
+    good = [np.ones((4, 2), np.float32), np.ones(2, np.float32)]
+    with PSClient(server.address) as client, PSClient(server.address, job_id="other") as wrong:
+        client.register()
+        error = bad_call(wrong, wrong.register)
+        assert error.code == grpc.StatusCode.FAILED_PRECONDITION and "'default'" in error.message
+        error = bad_call(client, client.push, 0, [np.ones((4, 3), np.float32), good[1]])
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "float32[4, 2]" in error.message
+        error = bad_call(client, client.push, 0, [good[0].astype(np.float64), good[1]])
+        assert "float64" in error.message
+        error = bad_call(client, client.push, 0, good[:1])
+        assert "expected 2 gradients" in error.message
+        error = bad_call(client, client.push, 5, good)
+        assert "future_version" in error.message and "version 5" in error.message
+        stranger = PSClient(server.address)
+        stranger.worker_id = "99"
+        error = bad_call(stranger, stranger._call, stranger._stub.Push,
+                         pb.PushRequest(job_id="default", worker_id="99", version=0),
+                         reregister=False)
+        assert error.code == grpc.StatusCode.NOT_FOUND and "register" in error.message
+        stranger.close()
+        malformed = pb.PushRequest(job_id="default", worker_id=client.worker_id, version=0,
+                                   gradients=[pb.RawTensor(dtype="float32", shape=[4, 2],
+                                                           data=b"123")] * 2)
+        error = bad_call(client, client._call, client._stub.Push, malformed)
+        assert "malformed" in error.message
+        stats = json.loads(client.status().stats_json)
+        assert stats["bad_requests"] == {"wrong_job": 1, "wrong_shape": 3, "future_version": 1,
+                                         "unknown_worker": 1, "malformed": 1}
+        assert server.parameters.version == 0
+        client.push(0, good)  # the server is still up and still takes good gradients
+        assert client.pull(have_version=0, min_version=1, wait_seconds=10).version == 1
+
+
+def test_settings_change_while_running_and_bad_settings_are_refused(server_factory):
+    server = server_factory(PSConfig(policy="asypq"))
+    with PSClient(server.address) as client:
+        config = json.loads(client.configure(synch_block_size=2, asynch_max=4).config_json)
+        assert config["synch_block_size"] == 2 and config["asynch_max"] == 4
+        assert server.master.config.synch_block_size == 2
+        error = bad_call(client, client.configure, synch_block_size=8, asynch_max=2)
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "bad_config" in error.message
+        assert server.master.config.synch_block_size == 2
+
+
+def test_async_job_stops_after_workers_times_iterations_and_every_worker_acknowledges(
+        server_factory):
+    server = server_factory(PSConfig(policy="asypq", iterations=10, workers=2))
+    results = []
+
+    def work(seed: int) -> None:
+        variables = make_variables(seed + 100)  # pulled parameters overwrite these
+        worker = PSWorker(server.address, variables, regression_gradient_fn(variables))
+        results.append(worker.run(batches(seed)))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(2)]
+    for thread in threads:
+        thread.start()
+    assert server.wait(TIMEOUT_S)
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    assert sorted(r.reason for r in results) == ["stopped by the parameter server"] * 2
+    stats = server.stats()
+    assert stats["accepted"] >= 20
+    assert stats["workers"] == []
+    assert sum(r.iterations for r in results) >= 20
+
+
+def test_synch_workers_count_their_own_iterations_and_loss_falls(server_factory):
+    server = server_factory(PSConfig(policy="synch", iterations=15))
+    results = []
+
+    def work(seed: int) -> None:
+        variables = make_variables(seed + 100)
+        worker = PSWorker(server.address, variables, regression_gradient_fn(variables))
+        results.append(worker.run(batches(seed)))
+
+    first_loss = float(regression_gradient_fn(server.parameters.variables)(
+        next(batches(5)))[0])
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3)]
+    for thread in threads:
+        thread.start()
+    assert server.wait(TIMEOUT_S)
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    assert [r.iterations for r in results] == [15, 15, 15]
+    assert server.parameters.version == 15  # one update per round of 3 gradients
+    last_loss = float(regression_gradient_fn(server.parameters.variables)(next(batches(5)))[0])
+    assert last_loss < first_loss / 2
+
+
+def test_a_worker_with_a_different_model_is_told_so(server_factory):
+    server = server_factory()
+    variables = [tf.Variable(np.zeros((3, 2), np.float32))]
+    worker = PSWorker(server.address, variables, lambda batch: (0.0, []))
+    with pytest.raises(ValueError, match="does not match the parameter server"):
+        worker.run(batches(0, 1))
+
+
+def test_checkpoint_resumes_version_parameters_and_master_counts(server_factory, tmp_path):
+    directory = str(tmp_path / "ckpt")
+    server = server_factory(PSConfig(policy="fifo"), checkpoint_dir=directory,
+                            checkpoint_every=2)
+    gradient = [np.ones((4, 2), np.float32), np.ones(2, np.float32)]
+    with PSClient(server.address) as client:
+        client.register()
+        for version in range(4):
+            client.push(version, gradient)
+            client.pull(have_version=version, min_version=version + 1, wait_seconds=10)
+    saved = [v.numpy().copy() for v in server.parameters.variables]
+    accepted = server.stats()["accepted"]
+    server.stop()
+    resumed = server_factory(PSConfig(policy="fifo"), checkpoint_dir=directory,
+                             checkpoint_every=2)
+    assert resumed.restored_version == 4 and resumed.parameters.version == 4
+    for variable, array in zip(resumed.parameters.variables, saved):
+        np.testing.assert_array_equal(variable.numpy(), array)
+    assert resumed.stats()["accepted"] == accepted
+    with PSClient(resumed.address) as client:
+        assert int(client.register().worker_id) >= 1  # ids are never reused
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_and_a_foreign_one_is_an_error(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    variables = make_variables()
+    optimizer = tf.keras.optimizers.SGD(0.1)
+    optimizer.build(variables)
+    checkpointer = Checkpointer(directory, variables, optimizer)
+    checkpointer.save(2, {"accepted": 2})
+    variables[0].assign(variables[0] + 1.0)
+    checkpointer.save(4, {"accepted": 4})
+    newest = [f for f in os.listdir(directory) if f.startswith("ps-4") and "data" in f][0]
+    with open(os.path.join(directory, newest), "r+b") as f:
+        f.write(b"garbage" * 10)
+    version, state = Checkpointer(directory, variables, optimizer).restore()
+    assert (version, state["accepted"]) == (2, 2)
+    other = [tf.Variable(np.zeros((5, 5), np.float32)), tf.Variable(np.zeros(2, np.float32))]
+    other_optimizer = tf.keras.optimizers.SGD(0.1)
+    other_optimizer.build(other)
+    with pytest.raises(CheckpointError, match="does not fit this model"):
+        Checkpointer(directory, other, other_optimizer).restore()
+
+
+
+def test_tfelastic_ps_status_and_ps_configure(server_factory, capsys):
+    from tensorflow_elastic import cli
+
+    server = server_factory(PSConfig(policy="asypq"))
+    with PSClient(server.address) as client:
+        client.register()
+        client.push(0, [np.ones((4, 2), np.float32), np.ones(2, np.float32)], loss=0.5)
+        client.pull(have_version=0, min_version=1, wait_seconds=10)
+        assert cli.main(["ps-status", "--ps_address", server.address]) == 0
+        out = capsys.readouterr().out
+        assert "version 1, policy asypq, 1 live worker(s)" in out and "accepted 1" in out
+        assert cli.main(["ps-configure", "--ps_address", server.address,
+                         "--synch_block_size", "2"]) == 0
+        assert json.loads(capsys.readouterr().out)["synch_block_size"] == 2
+        assert cli.main(["ps-configure", "--ps_address", server.address,
+                         "--synch_block_size", "4", "--asynch_max", "2"]) == 1
+        assert "bad_config" in capsys.readouterr().err
+        assert server.master.config.synch_block_size == 2
+        assert cli.main(["ps-configure", "--ps_address", server.address]) == 2
+        assert cli.main(["ps-status", "--ps_address", server.address, "--run_id", "x"]) == 1
+        assert "wrong_job" in capsys.readouterr().err
