@@ -97,8 +97,8 @@ class PSClient:
     def push(self, version: int, gradients: Sequence[np.ndarray], samples: int = 1,
              loss: float | None = None) -> pb.PushResponse:
         request = pb.PushRequest(job_id=self.job_id, worker_id=self.worker_id, version=version,
-                                 gradients=tensors.encode_all(gradients), samples=samples,
-                                 loss=loss)
+                                 samples=samples, loss=loss)
+        tensors.encode_into(request.gradients, gradients)
         return self._call(self._stub.Push, request)
 
     def heartbeat(self) -> pb.PushResponse:

@@ -38,7 +38,7 @@ class Parameters:
         self._version = version
         self._changed = threading.Condition()
         self._lock = threading.Lock()
-        self._snapshot: tuple[int, list[pb.RawTensor]] | None = None
+        self._snapshot: tuple[int, list[tensors.Raw]] | None = None
         if hasattr(optimizer, "build"):
             optimizer.build(self.variables)
         signature = [tf.TensorSpec(shape, tf.as_dtype(dtype))
@@ -65,7 +65,7 @@ class Parameters:
     def apply(self, arrays: Sequence[np.ndarray], version: int) -> None:
         """Applies one aggregated gradient; ``version`` is the version it produces."""
         with self._lock:
-            self._apply_fn([tf.convert_to_tensor(a) for a in arrays])
+            self._apply_fn(list(arrays))
             self._version = version
         with self._changed:
             self._changed.notify_all()
@@ -78,13 +78,13 @@ class Parameters:
         with self._lock:
             return self._version, [np.asarray(v.numpy()) for v in self.variables]
 
-    def snapshot(self) -> tuple[int, list[pb.RawTensor]]:
-        """The current version and its encoded parameters (encoded once per version)."""
+    def snapshot(self) -> tuple[int, list[tensors.Raw]]:
+        """The current version and its raw parameters (read once per version)."""
         cached = self._snapshot
         if cached is not None and cached[0] == self._version:
             return cached
         version, arrays = self.arrays()
-        snapshot = (version, tensors.encode_all(arrays))
+        snapshot = (version, [tensors.raw(a) for a in arrays])
         self._snapshot = snapshot
         return snapshot
 

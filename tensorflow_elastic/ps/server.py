@@ -72,6 +72,7 @@ class ParameterServer:
         self._checkpointer = (Checkpointer(checkpoint_dir, self.parameters.variables, optimizer)
                               if checkpoint_dir else None)
         self._checkpoint_every = checkpoint_every
+        self._saved_version = 0
         self._idle_timeout = idle_timeout
         self._step_events_every = step_events_every
         self._host, self._port = host, port
@@ -147,8 +148,13 @@ class ParameterServer:
         return worker_id
 
     def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None:
+        """A worker's own goodbye: its work is done (``finished``) or it was preempted.
+
+        Either way the gradients it pushed before still count (the master only
+        drops those of workers whose lease expired).
+        """
         if self.registry.remove(worker_id, finished=finished):
-            self.master.remove_worker(worker_id, finished=finished)
+            self.master.remove_worker(worker_id, finished=True)
             self._events.record(events.NODE_LEFT, node=_node(worker_id),
                                 generation=self.parameters.version, reason=reason)
 
@@ -159,6 +165,9 @@ class ParameterServer:
         try:
             while not self._shutdown.is_set():
                 self.master.run_once(_MASTER_POLL_S)
+                # Between iterations the master's counts match the variables' version.
+                if self.parameters.version - self._saved_version >= self._checkpoint_every:
+                    self._save_checkpoint()
                 for worker_id in self.registry.expired():
                     self.master.remove_worker(worker_id, finished=False)
                     self._events.record(events.FAILURE_DETECTED, node=_node(worker_id),
@@ -203,8 +212,6 @@ class ParameterServer:
         if version % self._step_events_every == 0:
             self._events.record(events.STEP, node=None, generation=version, step=version,
                                 loss=self.master.stats().get("last_loss"))
-        if self._checkpointer is not None and version % self._checkpoint_every == 0:
-            self._save_checkpoint()
 
     # --------------------------------------------------------------- checkpoints
 
@@ -212,6 +219,7 @@ class ParameterServer:
         if self._checkpointer is None:
             return
         version = self.parameters.version
+        self._saved_version = version
         state = self.master.state_dict()
         state["next_worker_id"] = self.registry.next_id
         path = self._checkpointer.save(version, state)
@@ -227,7 +235,7 @@ class ParameterServer:
         self.registry.next_id = int(state.pop("next_worker_id", 0))
         self.master.load_state_dict(state)
         self.parameters.set_version(version)
-        self.restored_version = version
+        self.restored_version = self._saved_version = version
         self._events.record(events.STATE_RESTORED, node=None, generation=version, step=version,
                             lost_steps=None, source_checkpoint=self._checkpointer.directory)
         logger.info("resumed from checkpoint at version %d", version)

@@ -73,9 +73,10 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             # Only a worker ahead of the PS (which restarted from a checkpoint) gets the older
             # parameters again; a current one gets nothing.
             return pb.PullResponse(version=version, stop=self._ps.stopping.is_set())
-        version, encoded = params.snapshot()
-        return pb.PullResponse(version=version, parameters=encoded,
-                               stop=self._ps.stopping.is_set())
+        version, raws = params.snapshot()
+        response = pb.PullResponse(version=version, stop=self._ps.stopping.is_set())
+        tensors.add_raw(response.parameters, raws)
+        return response
 
     def Push(self, request: pb.PushRequest, context) -> pb.PushResponse:
         self._check_job(request.job_id, context)

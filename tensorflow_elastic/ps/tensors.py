@@ -6,22 +6,32 @@ Decoding does not copy: the arrays view the received message's buffer
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 
 
-def encode(array: np.ndarray) -> pb.RawTensor:
+Raw = tuple[str, tuple[int, ...], bytes]
+
+
+def raw(array: np.ndarray) -> Raw:
+    """(dtype name, shape, little-endian C-order buffer) of an array."""
     array = np.asarray(array)
     little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-    return pb.RawTensor(dtype=array.dtype.name, shape=array.shape,
-                        data=np.ascontiguousarray(little).tobytes())
+    return array.dtype.name, array.shape, np.ascontiguousarray(little).tobytes()
 
 
-def encode_all(arrays: Iterable[np.ndarray]) -> list[pb.RawTensor]:
-    return [encode(a) for a in arrays]
+def add_raw(field: Any, raws: Iterable[Raw]) -> None:
+    """Appends tensors to a repeated RawTensor field in place (building a RawTensor first and
+    copying it in costs several times more for large buffers)."""
+    for dtype, shape, data in raws:
+        field.add(dtype=dtype, shape=shape, data=data)
+
+
+def encode_into(field: Any, arrays: Iterable[np.ndarray]) -> None:
+    add_raw(field, (raw(a) for a in arrays))
 
 
 def decode(tensor: pb.RawTensor) -> np.ndarray:

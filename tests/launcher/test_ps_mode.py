@@ -3,7 +3,6 @@ a worker killed, another joining, the PS killed with SIGKILL and resumed from it
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -31,6 +30,13 @@ def test_bad_role_arguments_end_with_one_line_and_code_2(start, args, reason):
     proc = start(*[PS_TRAIN if a == "SCRIPT" else a for a in args])
     assert proc.wait(30) == 2
     assert len(proc.lines) == 1 and reason in proc.lines[0], proc.output
+
+
+def test_help_explains_the_parameter_server_roles(start):
+    proc = start("--help")
+    assert proc.wait(30) == 0
+    assert "--role ps" in proc.output and "--ps_address" in proc.output
+    assert "parameter-server mode" in proc.output
 
 
 def _events(path: str, name: str) -> list[dict]:

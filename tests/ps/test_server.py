@@ -67,13 +67,17 @@ def server_factory(tmp_path):
 def test_round_trip_of_raw_tensors_keeps_values_shape_and_dtype():
     for array in (np.arange(12, dtype=np.float32).reshape(3, 4), np.array(3.5, np.float64),
                   np.zeros((0, 2), np.int64)):
-        back = tensors.decode(tensors.encode(array))
+        message = pb.PullResponse()
+        tensors.encode_into(message.parameters, [array])
+        back = tensors.decode(pb.PullResponse.FromString(message.SerializeToString()).parameters[0])
         assert back.dtype == array.dtype and back.shape == array.shape
         np.testing.assert_array_equal(back, array)
 
 
 def test_a_buffer_that_does_not_match_its_shape_is_refused():
-    tensor = tensors.encode(np.ones((2, 2), np.float32))
+    message = pb.PullResponse()
+    tensors.encode_into(message.parameters, [np.ones((2, 2), np.float32)])
+    tensor = message.parameters[0]
     tensor.data = tensor.data[:-1]
     with pytest.raises(ValueError, match="needs 16 bytes, got 15"):
         tensors.decode(tensor)
@@ -222,9 +226,11 @@ def test_checkpoint_resumes_version_parameters_and_master_counts(server_factory,
     assert resumed.restored_version == 4 and resumed.parameters.version == 4
     for variable, array in zip(resumed.parameters.variables, saved):
         np.testing.assert_array_equal(variable.numpy(), array)
-    assert resumed.stats()["accepted"] == accepted
+    assert resumed.stats()["accepted"] == accepted and resumed.master.version == 4
     with PSClient(resumed.address) as client:
         assert int(client.register().worker_id) >= 1  # ids are never reused
+        client.push(4, gradient)  # a gradient on the restored version is current, not "future"
+        assert client.pull(have_version=4, min_version=5, wait_seconds=10).version == 5
 
 
 def test_a_corrupt_newest_checkpoint_falls_back_and_a_foreign_one_is_an_error(tmp_path):
@@ -270,3 +276,24 @@ def test_tfelastic_ps_status_and_ps_configure(server_factory, capsys):
         assert cli.main(["ps-configure", "--ps_address", server.address]) == 2
         assert cli.main(["ps-status", "--ps_address", server.address, "--run_id", "x"]) == 1
         assert "wrong_job" in capsys.readouterr().err
+
+
+def test_a_preempted_worker_pushes_its_gradient_in_flight_then_leaves(server_factory):
+    server = server_factory(PSConfig(policy="fifo"))
+    variables = make_variables(100)
+    gradient_fn = regression_gradient_fn(variables)
+    worker = PSWorker(server.address, variables, gradient_fn)
+
+    def stop_after_three(batch):
+        result = gradient_fn(batch)
+        if server.stats()["accepted"] >= 2:
+            worker.request_stop()  # arrives while a gradient is being computed
+        return result
+
+    worker.gradient_fn = stop_after_three
+    result = worker.run(batches(0, 100))
+    assert result.reason == "stop requested"
+    server.parameters.wait_for(result.iterations, TIMEOUT_S, server.stopping)
+    stats = server.stats()
+    assert stats["accepted"] == result.iterations >= 3  # every pushed gradient counts
+    assert stats["workers"] == [] and not server.stopping.is_set()  # the job goes on
