@@ -18,6 +18,7 @@ import numpy as np
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import tensors
+from tensorflow_elastic.ps.memory import keep_large_buffers
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class PSClient:
         self._channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._stub = pb_grpc.ParameterServerStub(self._channel)
         self.registration: pb.RegisterResponse | None = None
+        keep_large_buffers()
 
     def close(self) -> None:
         self._channel.close()

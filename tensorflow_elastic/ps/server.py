@@ -23,6 +23,7 @@ from tensorflow_elastic.events import EventLog
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.memory import keep_large_buffers
 from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
 from tensorflow_elastic.ps.parameters import Parameters
 from tensorflow_elastic.ps.registry import WorkerRegistry
@@ -59,6 +60,7 @@ class ParameterServer:
                  handler_threads: int = 32, on_update: Callable[[int], None] | None = None):
         config = config or PSConfig()
         config.validate()
+        keep_large_buffers()
         for name, value in (("checkpoint_every", checkpoint_every), ("idle_timeout", idle_timeout),
                             ("step_events_every", step_events_every)):
             if value <= 0:
