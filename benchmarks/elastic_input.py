@@ -2,7 +2,9 @@
 
 Measures, on one process:
   throughput_ratio  elements/s of the elastic pipeline / stock shard + batch on
-                    the same source and the same per-worker batches (goal >= 0.95)
+                    the same source and the same per-worker batches, over full
+                    passes that alternate; the lower of a plain and a mapped
+                    source's medians (goal >= 0.95)
   reshard_ms        from a membership change (assigning the world-size and rank
                     variables) to the first correctly resharded batch, with no
                     pipeline rebuild (goal < 10 ms)
@@ -18,6 +20,7 @@ medians over --runs repetitions.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -32,6 +35,7 @@ import tensorflow as tf  # noqa: E402
 from tensorflow_elastic.data import elastic_dataset  # noqa: E402
 
 FEATURES = 32
+WORLD_SIZE = 2
 INDEX_SOURCE_SIZE = 10_000_000
 
 
@@ -45,10 +49,13 @@ def plain_source(num_elements: int) -> tf.data.Dataset:
     return tf.data.Dataset.range(num_elements)
 
 
+def features(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return i, tf.fill([FEATURES], tf.cast(i, tf.float32))
+
+
 def source(num_elements: int) -> tf.data.Dataset:
     """Ids with a small feature vector, as a training input would carry."""
-    return tf.data.Dataset.range(num_elements).map(
-        lambda i: (i, tf.fill([FEATURES], tf.cast(i, tf.float32))))
+    return tf.data.Dataset.range(num_elements).map(features)
 
 
 def slice_start(cursor: int, global_batch: int, world_size: int, rank: int) -> int:
@@ -58,39 +65,47 @@ def slice_start(cursor: int, global_batch: int, world_size: int, rank: int) -> i
 
 
 @tf.function
-def pull(iterator, batches: tf.Tensor) -> tf.Tensor:
-    """Takes `batches` batches in C++ and counts their elements, so Python does not dominate."""
-    total = tf.constant(0, tf.int64)
-    for _ in tf.range(batches):
-        total += tf.shape(tf.nest.flatten(next(iterator))[0], tf.int64)[0]
-    return total
+def drain(iterator) -> tuple[tf.Tensor, tf.Tensor]:
+    """Reads the iterator to its end in C++: the number of elements and of batches."""
+    elements, batches = tf.constant(0, tf.int64), tf.constant(0, tf.int64)
+    for batch in iterator:
+        elements += tf.shape(tf.nest.flatten(batch)[0], tf.int64)[0]
+        batches += 1
+    return elements, batches
 
 
-def throughput_ratio(make_source, num_elements: int, global_batch: int,
-                     world_size: int) -> tuple[float, float]:
-    """Elastic vs stock elements/s: the median ratio over back-to-back slices.
+def timed_pass(dataset: tf.data.Dataset) -> tuple[float, tuple[int, int]]:
+    """Elements/s of one full pass over a fresh iterator, and how much it read."""
+    start = time.perf_counter()
+    iterator = iter(dataset)
+    elements, batches = drain(iterator)
+    elements = int(elements)
+    rate = elements / (time.perf_counter() - start)
+    del iterator  # stops its threads before the next pipeline runs
+    gc.collect()
+    return rate, (elements, int(batches))
 
-    Each slice pair runs under the same machine load, and the order alternates,
-    so a busy machine skews both sides alike.
+
+def throughput(pipelines: dict, runs: int) -> dict[str, list[float]]:
+    """Elements/s of each pipeline over `runs` full passes.
+
+    The pipelines take turns, one at a time (a live iterator's prefetch
+    threads would steal the CPU from the one being timed), in an order that
+    alternates between runs, so a change of machine load skews all alike. A
+    first untimed pass of each traces `drain`. Every pass must yield the same
+    number of elements in the same number of batches (which ids differs only
+    by the split rule: stock shard takes every other element, the elastic op
+    a contiguous half of each global batch).
     """
-    per_worker = global_batch // world_size
-    pipelines = {
-        "stock": iter(make_source(num_elements).shard(world_size, 0).batch(per_worker)),
-        "elastic": iter(elastic_dataset(make_source(num_elements), global_batch,
-                                        state(world_size), state(0))),
-    }
-    chunk = tf.constant(10, tf.int64)
-    ratios, elastic_rates = [], []
-    for slice_index in range(num_elements // global_batch // 10):
-        rates = {}
-        order = sorted(pipelines, reverse=slice_index % 2 == 1)
-        for name in order:
-            start = time.perf_counter()
-            count = int(pull(pipelines[name], chunk))
-            rates[name] = count / (time.perf_counter() - start)
-        ratios.append(rates["elastic"] / rates["stock"])
-        elastic_rates.append(rates["elastic"])
-    return statistics.median(ratios), statistics.median(elastic_rates)
+    expected = {timed_pass(make())[1] for make in pipelines.values()}
+    assert len(expected) == 1, f"the pipelines read different amounts: {expected}"
+    rates = {name: [] for name in pipelines}
+    for run in range(runs):
+        for name in (list(pipelines) if run % 2 == 0 else list(pipelines)[::-1]):
+            rate, read = timed_pass(pipelines[name]())
+            assert {read} == expected, f"{name} read {read}, expected {expected}"
+            rates[name].append(rate)
+    return rates
 
 
 def reshard_ms(make_source, global_batch: int, changes: int) -> tuple[list[float], list[float]]:
@@ -134,22 +149,50 @@ def fast_forward_ms(input_dataset: tf.data.Dataset, global_batch: int, cursor: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--elements", type=int, default=200_000,
-                        help="source size for the throughput comparison")
+    parser.add_argument("--plain-elements", type=int, default=2_000_000,
+                        help="size of the plain source for the throughput comparison")
+    parser.add_argument("--mapped-elements", type=int, default=200_000,
+                        help="size of the mapped source for the throughput comparison")
     parser.add_argument("--global-batch", type=int, default=256)
     args = parser.parse_args()
 
-    # The headline ratio is the lower of the two sources' medians: with a
-    # mapped source stock shard also maps the other workers' elements.
-    ratios = {"plain": [], "mapped": []}
-    for run in range(args.runs):
-        for name, make_source in (("plain", plain_source), ("mapped", source)):
-            ratio, rate = throughput_ratio(make_source, args.elements, args.global_batch,
-                                           world_size=2)
-            ratios[name].append(ratio)
-            print(f"throughput run {run + 1}/{args.runs}, {name} source: elastic {rate:,.0f} "
-                  f"elements/s, ratio to shard+batch {ratio:.3f}", flush=True)
-    medians = {name: statistics.median(values) for name, values in ratios.items()}
+    # Stock is shard + batch on the same source, with tf.data's defaults
+    # (an autotuned prefetch after the batch). The headline ratio is the lower
+    # of the two sources' medians.
+    # Whole global batches of an even size: stock's shard then yields the same ids.
+    if args.global_batch % WORLD_SIZE:
+        parser.error(f"--global-batch must be a multiple of {WORLD_SIZE}")
+    per_worker = args.global_batch // WORLD_SIZE
+    sources = {name: (make_source, elements - elements % args.global_batch)
+               for name, make_source, elements in (("plain", plain_source, args.plain_elements),
+                                                    ("mapped", source, args.mapped_elements))}
+    medians = {}
+    for name, (make_source, elements) in sources.items():
+        pipelines = {
+            "stock": lambda make=make_source, n=elements: make(n).shard(
+                WORLD_SIZE, 0).batch(per_worker),
+            "elastic": lambda make=make_source, n=elements: elastic_dataset(
+                make(n), args.global_batch, state(WORLD_SIZE), state(0)),
+        }
+        if name == "mapped":
+            # For reference: stock sharding before the map, so that it maps
+            # only this worker's elements, as the elastic op does.
+            pipelines["stock_shard_first"] = lambda n=elements: tf.data.Dataset.range(n).shard(
+                WORLD_SIZE, 0).map(features).batch(per_worker)
+        rates = throughput(pipelines, args.runs)
+        ratios = [e / s for e, s in zip(rates["elastic"], rates["stock"])]
+        medians[name] = statistics.median(ratios)
+        for pipeline, values in rates.items():
+            print(f"{name} source, {pipeline}: median {statistics.median(values):,.0f} elements/s "
+                  f"(range {min(values):,.0f} to {max(values):,.0f}, {len(values)} passes of "
+                  f"{elements // WORLD_SIZE:,} elements)", flush=True)
+        print(f"{name} source: elastic / stock median {medians[name]:.3f} (runs: "
+              f"{', '.join(f'{r:.3f}' for r in ratios)})", flush=True)
+        if "stock_shard_first" in rates:
+            reference = statistics.median(
+                e / s for e, s in zip(rates["elastic"], rates["stock_shard_first"]))
+            print(f"{name} source: elastic / stock sharding before the map, median "
+                  f"{reference:.3f} (reference, not the headline)", flush=True)
     print(f"throughput ratio medians: {medians}", flush=True)
 
     # The headline is the mapped source: its first resharded batch has to be

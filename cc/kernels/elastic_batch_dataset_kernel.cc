@@ -12,15 +12,14 @@
 // read at hand-out.
 #include <algorithm>
 #include <atomic>
-#include <deque>
 #include <functional>
 #include <limits>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "cc/kernels/elastic_batch_plan.h"
 #include "tensorflow/core/framework/dataset.h"
 #include "tensorflow/core/framework/model.h"
@@ -28,6 +27,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_util.h"
 #include "tensorflow/core/graph/graph.h"
 #include "tensorflow/core/platform/errors.h"
 #include "tensorflow/core/platform/mutex.h"
@@ -72,8 +72,9 @@ constexpr char kExhausted[] = "exhausted";
 constexpr char kStreamPosition[] = "stream_position";
 constexpr char kInputExhausted[] = "input_exhausted";
 constexpr char kInputImplEmpty[] = "input_impl_empty";
-// Enough to keep the lookahead thread busy through one hand-out.
-constexpr size_t kLookaheadBatches = 2;
+// Batches prepared ahead at least (more if there are more producers): one
+// for the step that follows, one to keep a producer busy through a hand-out.
+constexpr int64_t kMinLookaheadBatches = 2;
 // The generation of a production that nothing supersedes (GetNext's own).
 constexpr int64_t kNotAbortable = -1;
 
@@ -236,13 +237,16 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
     {
       mutex_lock lock(mu_);
       cancelled_ = true;
-      lookahead_changed_.notify_all();
+      ++generation_;
+      changed_.notify_all();
     }
-    lookahead_thread_.reset();  // joins
+    for (std::unique_ptr<Producer>& producer : producers_) producer->thread.reset();  // joins
   }
 
   absl::Status GetNextInternal(IteratorContext* ctx, std::vector<Tensor>* out_tensors,
                                bool* end_of_sequence) override {
+    // Held through an on-the-spot production too: it serializes concurrent
+    // GetNext calls, and the producers are stopped then, so they do not wait.
     mutex_lock lock(mu_);
     *end_of_sequence = exhausted_;
     if (exhausted_) return absl::OkStatus();
@@ -250,23 +254,22 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
     TF_ASSIGN_OR_RETURN(const int64_t world_size, dataset()->world_size_.Read());
     TF_ASSIGN_OR_RETURN(const int64_t rank, dataset()->rank_.Read());
     const BatchKey key{cursor, world_size, rank};
-    while (lookahead_.empty() && producing_) lookahead_changed_.wait(lock);
-    // A batch prepared ahead counts only if it was cut for exactly the state
-    // read now, at hand-out: that check is what makes the lookahead safe.
     Prepared current;
-    if (!lookahead_.empty() && lookahead_.front().key == key) {
-      current = std::move(lookahead_.front());
-      lookahead_.pop_front();
-    } else {
-      StopLookahead(lock);
+    if (!dataset()->random_access_) {
       current.key = key;
-      Prepare(ctx, kNotAbortable, &current);
-      // Only an indexed input can afford wrong guesses: it re-maps in O(1).
-      if (dataset()->random_access_ && current.status.ok() && !current.end_of_sequence) {
-        StartLookahead(ctx, BatchKey{cursor + 1, world_size, rank});
-      }
+      current.status = ReadStream(ctx, key, &current.end_of_sequence, &current.batch);
+    } else if (!TakePrepared(ctx, key, lock, &current)) {
+      // Nothing was prepared for this state (first batch, membership change,
+      // rollback, restore): drop the look-ahead and cut the batch on the spot.
+      StopLookahead(lock);
+      EnsureProducers(ctx);
+      current.key = key;
+      current.status = ReadIndexed(ctx, kNotAbortable, producers_[0].get(), key,
+                                   &current.end_of_sequence, &current.batch);
+      if (current.status.ok() && !current.end_of_sequence) StartLookahead(key);
     }
-    lookahead_changed_.notify_all();
+    // Nothing is prepared past an error or the end of the pass.
+    if (!current.status.ok() || current.end_of_sequence) StopLookahead(lock);
     TF_RETURN_IF_ERROR(current.status);
     if (current.end_of_sequence) {
       if (cursor == 0) {
@@ -293,7 +296,7 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
  protected:
   std::shared_ptr<tensorflow::data::model::Node> CreateNode(
       IteratorContext* ctx, tensorflow::data::model::Node::Args args) const override {
-    return tensorflow::data::model::MakeUnknownRatioNode(std::move(args));
+    return tensorflow::data::model::MakeAsyncUnknownRatioNode(std::move(args), {});
   }
 
   absl::Status SaveInternal(SerializationContext* ctx, IteratorStateWriter* writer) override {
@@ -365,9 +368,6 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
     int64_t cursor = -1;
     int64_t world_size = 0;
     int64_t rank = 0;
-    bool operator==(const BatchKey& other) const {
-      return cursor == other.cursor && world_size == other.world_size && rank == other.rank;
-    }
   };
 
   // One batch, ready to hand out.
@@ -378,140 +378,272 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
     std::vector<Tensor> batch;
   };
 
-  // Reads the input: called with mu_ held and no production running, or by
-  // the lookahead thread while producing_ is set (GetNext then waits before
-  // touching the input itself). A lookahead production gives up as soon as
-  // its generation is superseded, so a reshard does not wait for it.
-  void Prepare(IteratorContext* ctx, int64_t generation, Prepared* prepared) {
-    prepared->status = Produce(ctx, generation, prepared->key.cursor, prepared->key.world_size,
-                               prepared->key.rank, &prepared->end_of_sequence,
-                               &prepared->batch);
-  }
-
-  absl::Status Produce(IteratorContext* ctx, int64_t generation, int64_t cursor,
-                       int64_t world_size, int64_t rank, bool* end_of_sequence,
-                       std::vector<Tensor>* batch_tensors) {
-    BatchSlice full;
-    TF_RETURN_IF_ERROR(
-        ComputeGlobalBatchSlice(cursor, dataset()->global_batch_size_, world_size, rank, &full));
-    WorkerBatch batch;
-    std::vector<std::vector<Tensor>> elements;
-    TF_RETURN_IF_ERROR(dataset()->random_access_
-                           ? ReadIndexed(ctx, generation, cursor, world_size, rank, full,
-                                         &batch, &elements)
-                           : ReadStream(ctx, cursor, full, &batch, &elements));
-    *end_of_sequence = batch.end_of_sequence;
-    if (batch.end_of_sequence) return absl::OkStatus();
-    return Stack(ctx, &elements, batch_tensors);
-  }
-
-  // Prepares the next global batches for the current membership on a
-  // background thread while the training step runs, so that the step finds
-  // its batch ready.
-  void StartLookahead(IteratorContext* ctx, const BatchKey& next)
-      TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (lookahead_thread_ == nullptr) {
-      lookahead_ctx_ = std::make_unique<IteratorContext>(*ctx);
-      lookahead_thread_ = ctx->StartThread("elastic_batch_lookahead",
-                                           [this]() { LookaheadLoop(); });
-    }
-    next_to_prepare_ = next;
-  }
-
-  // Drops what was prepared and waits for a running production to end, after
-  // which the caller owns the input.
-  void StopLookahead(mutex_lock& lock) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    ++lookahead_generation_;
-    next_to_prepare_.reset();
-    lookahead_.clear();
-    while (producing_) lookahead_changed_.wait(lock);
-  }
-
-  void LookaheadLoop() {
-    while (true) {
-      Prepared prepared;
-      int64_t generation = 0;
-      {
-        mutex_lock lock(mu_);
-        while (!cancelled_ &&
-               !(next_to_prepare_.has_value() && lookahead_.size() < kLookaheadBatches)) {
-          lookahead_changed_.wait(lock);
-        }
-        if (cancelled_) return;
-        prepared.key = *next_to_prepare_;
-        ++next_to_prepare_->cursor;
-        generation = lookahead_generation_;
-        producing_ = true;
-      }
-      Prepare(lookahead_ctx_.get(), generation, &prepared);
-      mutex_lock lock(mu_);
-      producing_ = false;
-      if (generation == lookahead_generation_) {
-        // Nothing follows an error or the end of the pass.
-        if (!prepared.status.ok() || prepared.end_of_sequence) next_to_prepare_.reset();
-        lookahead_.push_back(std::move(prepared));
-      }
-      lookahead_changed_.notify_all();
-    }
-  }
-
-  // Which slices the current indexed input iterator yields.
+  // Which slices an indexed input iterator yields: those of global batches
+  // next_cursor, next_cursor + stride, ... for (world_size, rank).
   struct Mapping {
     int64_t next_cursor = -1;
     int64_t world_size = 0;
     int64_t rank = 0;
   };
 
-  // Indexed input: an input iterator whose index mapper yields this worker's
-  // slices of consecutive global batches. It is re-created (O(1), no replay)
-  // when the cursor jumps or the membership changes; anything it prefetched
-  // for the old mapping goes with it.
-  absl::Status ReadIndexed(IteratorContext* ctx, int64_t generation, int64_t cursor,
-                           int64_t world_size, int64_t rank, const BatchSlice& full,
-                           WorkerBatch* batch, std::vector<std::vector<Tensor>>* elements) {
+  // A reader of an indexed input. Producer k of n prepares the global
+  // batches base + k, base + k + n, ... of the look-ahead (producer 0 also
+  // cuts GetNext's on-the-spot batches), each with its own input iterator, so
+  // n batches are cut in parallel and each is stacked by one thread.
+  struct Producer {
+    int64_t next = -1;  // the next cursor it prepares; guarded by mu_
+    // Used by its own thread while it produces, by GetNext only while every
+    // producer is stopped.
+    std::unique_ptr<IteratorBase> input;
+    Mapping mapping;
+    IndexMapperFn index_mapper;
+    std::unique_ptr<tensorflow::Thread> thread;
+  };
+
+  // Stacks elements into batch tensors allocated at the first element: one
+  // copy per component per element, no list of elements kept.
+  class BatchBuilder {
+   public:
+    BatchBuilder(const Dataset* dataset, IteratorContext* ctx, int64_t capacity)
+        : dataset_(dataset), allocator_(ctx->allocator({})), capacity_(capacity) {}
+
+    absl::Status Add(const std::vector<Tensor>& element) {
+      if (rows_ == 0) {
+        for (const Tensor& value : element) {
+          TensorShape batch_shape = value.shape();
+          batch_shape.InsertDim(0, capacity_);
+          batch_.emplace_back(allocator_, value.dtype(), batch_shape);
+        }
+      }
+      for (size_t component = 0; component < element.size(); ++component) {
+        const Tensor& value = element[component];
+        if (!SameRowShape(value, batch_[component])) {
+          TensorShape row_shape = batch_[component].shape();
+          row_shape.RemoveDim(0);
+          return tensorflow::errors::InvalidArgument(
+              "Cannot batch elements of different shapes: component ", component,
+              " has shape ", row_shape.DebugString(), " in the first element of the batch and ",
+              value.shape().DebugString(), " in element ", rows_,
+              "; pad or resize the elements before the elastic dataset");
+        }
+        TF_RETURN_IF_ERROR(
+            tensorflow::batch_util::CopyElementToSlice(value, &batch_[component], rows_));
+      }
+      ++rows_;
+      return absl::OkStatus();
+    }
+
+    // The first `rows` rows added; zero rows keep the element shape (unknown
+    // dimensions become 0).
+    std::vector<Tensor> Finish(int64_t rows) {
+      if (rows == 0) {
+        std::vector<Tensor> empty;
+        const DataTypeVector& dtypes = dataset_->output_dtypes();
+        for (size_t component = 0; component < dtypes.size(); ++component) {
+          TensorShape batch_shape({0});
+          for (int64_t dim : dataset_->input_->output_shapes()[component].dim_sizes()) {
+            batch_shape.AddDim(std::max<int64_t>(dim, 0));
+          }
+          empty.emplace_back(allocator_, dtypes[component], batch_shape);
+        }
+        return empty;
+      }
+      if (rows < capacity_) {  // a clipped last batch only
+        for (Tensor& batch : batch_) batch = tensorflow::tensor::DeepCopy(batch.Slice(0, rows));
+      }
+      return std::move(batch_);
+    }
+
+   private:
+    static bool SameRowShape(const Tensor& value, const Tensor& batch) {
+      if (value.dims() + 1 != batch.dims()) return false;
+      for (int dim = 0; dim < value.dims(); ++dim) {
+        if (value.dim_size(dim) != batch.dim_size(dim + 1)) return false;
+      }
+      return true;
+    }
+
+    const Dataset* const dataset_;
+    tensorflow::Allocator* const allocator_;
+    const int64_t capacity_;
+    int64_t rows_ = 0;
+    std::vector<Tensor> batch_;
+  };
+
+  // Hands out the batch the look-ahead prepared for `key`, waiting for it if
+  // it is in production. False if the look-ahead is not preparing it: a
+  // prepared batch counts only if it was cut for exactly the state read at
+  // hand-out, which is what makes the look-ahead safe.
+  bool TakePrepared(IteratorContext* ctx, const BatchKey& key, mutex_lock& lock,
+                    Prepared* out) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!lookahead_active_ || key.cursor != next_hand_out_ ||
+        key.world_size != lookahead_world_size_ || key.rank != lookahead_rank_) {
+      return false;
+    }
+    auto ready = ready_.find(key.cursor);
+    if (ready == ready_.end()) {
+      // Waiting is not this node's work (autotune would count it otherwise).
+      RecordStop(ctx);
+      const int64_t generation = generation_;
+      while (!cancelled_ && generation == generation_ &&
+             (ready = ready_.find(key.cursor)) == ready_.end()) {
+        changed_.wait(lock);
+      }
+      RecordStart(ctx);
+      if (ready == ready_.end()) return false;
+    }
+    *out = std::move(ready->second);
+    ready_.erase(ready);
+    ++next_hand_out_;
+    changed_.notify_all();
+    return true;
+  }
+
+  void EnsureProducers(IteratorContext* ctx) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!producers_.empty()) return;
+    lookahead_ctx_ = std::make_unique<IteratorContext>(*ctx);
+    // As many as tf.data's thread pool has threads (its private pool if the
+    // options set one), and never more batches ahead than producers need.
+    const int64_t count = std::max(1, ctx->runner_threadpool_size());
+    window_ = std::max<int64_t>(kMinLookaheadBatches, count);
+    for (int64_t i = 0; i < count; ++i) producers_.push_back(std::make_unique<Producer>());
+  }
+
+  // Prepares the global batches after `current` for its membership, while the
+  // training step runs.
+  void StartLookahead(const BatchKey& current) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t count = static_cast<int64_t>(producers_.size());
+    lookahead_active_ = true;
+    lookahead_world_size_ = current.world_size;
+    lookahead_rank_ = current.rank;
+    next_hand_out_ = current.cursor + 1;
+    // Producer 0 has just cut `current`, so its input continues at current + count.
+    for (int64_t i = 0; i < count; ++i) {
+      producers_[i]->next = current.cursor + (i == 0 ? count : i);
+    }
+    if (producers_[0]->thread == nullptr) {
+      for (std::unique_ptr<Producer>& producer : producers_) {
+        Producer* raw = producer.get();
+        producer->thread = lookahead_ctx_->StartThread("elastic_batch_lookahead",
+                                                       [this, raw]() { ProducerLoop(raw); });
+      }
+    }
+    changed_.notify_all();
+  }
+
+  // Drops what was prepared and waits for running productions to give up,
+  // after which GetNext owns every producer's input.
+  void StopLookahead(mutex_lock& lock) TF_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    ++generation_;
+    lookahead_active_ = false;
+    ready_.clear();
+    while (producing_ > 0) changed_.wait(lock);
+  }
+
+  void ProducerLoop(Producer* producer) {
+    IteratorContext* ctx = lookahead_ctx_.get();
+    while (true) {
+      Prepared prepared;
+      int64_t generation = 0;
+      {
+        mutex_lock lock(mu_);
+        while (!cancelled_ &&
+               !(lookahead_active_ && producer->next < next_hand_out_ + window_)) {
+          changed_.wait(lock);
+        }
+        if (cancelled_) return;
+        prepared.key = BatchKey{producer->next, lookahead_world_size_, lookahead_rank_};
+        generation = generation_;
+        ++producing_;
+      }
+      RecordStart(ctx);
+      prepared.status = ReadIndexed(ctx, generation, producer, prepared.key,
+                                    &prepared.end_of_sequence, &prepared.batch);
+      RecordStop(ctx);
+      mutex_lock lock(mu_);
+      --producing_;
+      if (generation == generation_) {
+        const int64_t cursor = prepared.key.cursor;
+        const bool last = !prepared.status.ok() || prepared.end_of_sequence;
+        ready_.emplace(cursor, std::move(prepared));
+        // Nothing follows an error or the end of the pass: park the producer.
+        producer->next = last ? std::numeric_limits<int64_t>::max()
+                              : cursor + static_cast<int64_t>(producers_.size());
+      }
+      changed_.notify_all();
+    }
+  }
+
+  // Indexed input: the producer's input iterator has an index mapper that
+  // yields this worker's slices of the producer's global batches. It is
+  // re-created (O(1), no replay) when the cursor jumps or the membership
+  // changes; anything it prefetched for the old mapping goes with it.
+  absl::Status ReadIndexed(IteratorContext* ctx, int64_t generation, Producer* producer,
+                           const BatchKey& key, bool* end_of_sequence,
+                           std::vector<Tensor>* out_tensors) {
     const int64_t global_batch_size = dataset()->global_batch_size_;
-    *batch = PlanWorkerBatch(full, cursor, global_batch_size,
-                             dataset()->input_cardinality_ - cursor * global_batch_size,
-                             dataset()->drop_remainder_);
-    if (batch->end_of_sequence || batch->size == 0) return absl::OkStatus();
-    if (input_impl_ == nullptr || mapping_.next_cursor != cursor ||
-        mapping_.world_size != world_size || mapping_.rank != rank) {
-      const int64_t offset = full.start - cursor * global_batch_size;
+    BatchSlice full;
+    TF_RETURN_IF_ERROR(ComputeGlobalBatchSlice(key.cursor, global_batch_size, key.world_size,
+                                               key.rank, &full));
+    const WorkerBatch batch = PlanWorkerBatch(
+        full, key.cursor, global_batch_size,
+        dataset()->input_cardinality_ - key.cursor * global_batch_size,
+        dataset()->drop_remainder_);
+    *end_of_sequence = batch.end_of_sequence;
+    if (batch.end_of_sequence) return absl::OkStatus();
+    BatchBuilder builder(dataset(), ctx, batch.size);
+    if (batch.size == 0) {
+      *out_tensors = builder.Finish(0);
+      return absl::OkStatus();
+    }
+    Mapping& mapping = producer->mapping;
+    if (producer->input == nullptr || mapping.next_cursor != key.cursor ||
+        mapping.world_size != key.world_size || mapping.rank != key.rank) {
+      const int64_t first = key.cursor;
+      const int64_t stride = static_cast<int64_t>(producers_.size());
+      const int64_t offset = full.start - key.cursor * global_batch_size;
       const int64_t size = full.size;
       const int64_t cardinality = dataset()->input_cardinality_;
-      index_mapper_ = [cursor, global_batch_size, offset, size,
-                       cardinality](size_t k) -> absl::StatusOr<size_t> {
-        const int64_t index = SliceStreamIndex(static_cast<int64_t>(k), cursor,
+      producer->index_mapper = [first, stride, global_batch_size, offset, size,
+                                cardinality](size_t k) -> absl::StatusOr<size_t> {
+        const int64_t index = SliceStreamIndex(static_cast<int64_t>(k), first, stride,
                                                global_batch_size, offset, size);
         if (index >= cardinality) return absl::OutOfRangeError("past the end of the input");
         return static_cast<size_t>(index);
       };
-      IteratorContext mapped_ctx = WithIndexMapper(ctx);
-      TF_RETURN_IF_ERROR(dataset()->input_->MakeIterator(&mapped_ctx, this, prefix(), &input_impl_));
-      mapping_ = Mapping{cursor, world_size, rank};
+      IteratorContext mapped_ctx = WithIndexMapper(ctx, producer->index_mapper);
+      TF_RETURN_IF_ERROR(
+          dataset()->input_->MakeIterator(&mapped_ctx, this, prefix(), &producer->input));
+      mapping = Mapping{key.cursor, key.world_size, key.rank};
     }
-    IteratorContext mapped_ctx = WithIndexMapper(ctx);
-    elements->resize(batch->size);
-    for (std::vector<Tensor>& element : *elements) {
-      if (generation != kNotAbortable && generation != lookahead_generation_.load()) {
-        mapping_.next_cursor = -1;  // stopped mid-slice
+    IteratorContext mapped_ctx = WithIndexMapper(ctx, producer->index_mapper);
+    // Until the slice is complete the input is mid-slice: re-create it next time.
+    mapping.next_cursor = -1;
+    std::vector<Tensor> element;
+    for (int64_t row = 0; row < batch.size; ++row) {
+      if (generation != kNotAbortable && generation != generation_.load()) {
         return absl::CancelledError("superseded by a membership change or a rollback");
       }
       bool end_of_input = false;
-      TF_RETURN_IF_ERROR(input_impl_->GetNext(&mapped_ctx, &element, &end_of_input));
+      element.clear();
+      TF_RETURN_IF_ERROR(producer->input->GetNext(&mapped_ctx, &element, &end_of_input));
       if (end_of_input) {
         return tensorflow::errors::Internal("The elastic dataset's input ended before its ",
                                             dataset()->input_cardinality_, " elements");
       }
+      TF_RETURN_IF_ERROR(builder.Add(element));
     }
     // A clipped last batch breaks the mapping's rhythm; the pass ends next anyway.
-    mapping_.next_cursor = batch->size == full.size ? cursor + 1 : -1;
+    if (batch.size == full.size) {
+      mapping.next_cursor = key.cursor + static_cast<int64_t>(producers_.size());
+    }
+    *out_tensors = builder.Finish(batch.size);
     return absl::OkStatus();
   }
 
-  IteratorContext WithIndexMapper(IteratorContext* ctx) const {
+  static IteratorContext WithIndexMapper(IteratorContext* ctx, const IndexMapperFn& mapper) {
     IteratorContext::Params params(ctx);
-    params.index_mapper = index_mapper_;
+    params.index_mapper = mapper;
     return IteratorContext(std::move(params));
   }
 
@@ -520,27 +652,33 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
   // batch tells each worker how many elements it has, hence the same plan on
   // every worker. Only a jump back (rollback) re-creates the input and skips
   // forward: that fast-forward is O(cursor) for a stream.
-  absl::Status ReadStream(IteratorContext* ctx, int64_t cursor, const BatchSlice& full,
-                          WorkerBatch* batch,
-                          std::vector<std::vector<Tensor>>* elements) {
-    const int64_t batch_start = cursor * dataset()->global_batch_size_;
+  absl::Status ReadStream(IteratorContext* ctx, const BatchKey& key, bool* end_of_sequence,
+                          std::vector<Tensor>* out_tensors) {
+    BatchSlice full;
+    TF_RETURN_IF_ERROR(ComputeGlobalBatchSlice(key.cursor, dataset()->global_batch_size_,
+                                               key.world_size, key.rank, &full));
+    const int64_t batch_start = key.cursor * dataset()->global_batch_size_;
     if (input_impl_ == nullptr || stream_position_ > full.start) {
       TF_RETURN_IF_ERROR(dataset()->input_->MakeIterator(ctx, this, prefix(), &input_impl_));
       stream_position_ = 0;
       input_exhausted_ = false;
     }
     TF_RETURN_IF_ERROR(SkipTo(ctx, full.start));
+    BatchBuilder builder(dataset(), ctx, full.size);
+    std::vector<Tensor> element;
     while (stream_position_ < full.start + full.size && !input_exhausted_) {
-      std::vector<Tensor> element;
+      element.clear();
       TF_RETURN_IF_ERROR(input_impl_->GetNext(ctx, &element, &input_exhausted_));
       if (input_exhausted_) break;
-      elements->push_back(std::move(element));
+      TF_RETURN_IF_ERROR(builder.Add(element));
       ++stream_position_;
     }
     TF_RETURN_IF_ERROR(SkipTo(ctx, batch_start + dataset()->global_batch_size_));
-    *batch = PlanWorkerBatch(full, cursor, dataset()->global_batch_size_,
-                             stream_position_ - batch_start, dataset()->drop_remainder_);
-    elements->resize(batch->end_of_sequence ? 0 : batch->size);
+    const WorkerBatch batch =
+        PlanWorkerBatch(full, key.cursor, dataset()->global_batch_size_,
+                        stream_position_ - batch_start, dataset()->drop_remainder_);
+    *end_of_sequence = batch.end_of_sequence;
+    if (!batch.end_of_sequence) *out_tensors = builder.Finish(batch.size);
     return absl::OkStatus();
   }
 
@@ -555,56 +693,26 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
     return absl::OkStatus();
   }
 
-  // Stacks the elements into one batch; an empty part of a partial last batch
-  // gets zero rows (unknown dimensions become 0).
-  absl::Status Stack(IteratorContext* ctx, std::vector<std::vector<Tensor>>* elements,
-                     std::vector<Tensor>* out_tensors) const {
-    const DataTypeVector& dtypes = dataset()->output_dtypes();
-    const int64_t rows = static_cast<int64_t>(elements->size());
-    for (size_t component = 0; component < dtypes.size(); ++component) {
-      TensorShape row_shape;
-      if (rows > 0) {
-        row_shape = (*elements)[0][component].shape();
-      } else {
-        for (int64_t dim : dataset()->input_->output_shapes()[component].dim_sizes()) {
-          row_shape.AddDim(std::max<int64_t>(dim, 0));
-        }
-      }
-      TensorShape batch_shape = row_shape;
-      batch_shape.InsertDim(0, rows);
-      Tensor batch(ctx->allocator({}), dtypes[component], batch_shape);
-      for (int64_t row = 0; row < rows; ++row) {
-        const Tensor& value = (*elements)[row][component];
-        if (value.shape() != row_shape) {
-          return tensorflow::errors::InvalidArgument(
-              "Cannot batch elements of different shapes: component ", component,
-              " has shape ", row_shape.DebugString(), " in the first element of the batch and ",
-              value.shape().DebugString(), " in element ", row,
-              "; pad or resize the elements before the elastic dataset");
-        }
-        TF_RETURN_IF_ERROR(tensorflow::batch_util::CopyElementToSlice(value, &batch, row));
-      }
-      out_tensors->push_back(std::move(batch));
-    }
-    return absl::OkStatus();
-  }
-
   mutex mu_;
-  tensorflow::condition_variable lookahead_changed_;
+  tensorflow::condition_variable changed_;
   bool cancelled_ TF_GUARDED_BY(mu_) = false;
   bool exhausted_ TF_GUARDED_BY(mu_) = false;
-  // The lookahead: batches prepared for the next cursors, in order.
-  std::deque<Prepared> lookahead_ TF_GUARDED_BY(mu_);
-  std::optional<BatchKey> next_to_prepare_ TF_GUARDED_BY(mu_);
-  // Written under mu_, read without it by an aborting production.
-  std::atomic<int64_t> lookahead_generation_{0};
-  bool producing_ TF_GUARDED_BY(mu_) = false;
+  // The look-ahead: batches next_hand_out_ .. next_hand_out_ + window_ - 1 of
+  // one membership, prepared by the producers; ready_ holds the finished ones.
+  bool lookahead_active_ TF_GUARDED_BY(mu_) = false;
+  int64_t lookahead_world_size_ TF_GUARDED_BY(mu_) = 0;
+  int64_t lookahead_rank_ TF_GUARDED_BY(mu_) = 0;
+  int64_t next_hand_out_ TF_GUARDED_BY(mu_) = -1;
+  int64_t window_ = kMinLookaheadBatches;
+  absl::flat_hash_map<int64_t, Prepared> ready_ TF_GUARDED_BY(mu_);
+  int64_t producing_ TF_GUARDED_BY(mu_) = 0;
+  // Bumped under mu_ to supersede the look-ahead; read without it by a
+  // production checking whether to give up.
+  std::atomic<int64_t> generation_{0};
   std::unique_ptr<IteratorContext> lookahead_ctx_;
-  std::unique_ptr<tensorflow::Thread> lookahead_thread_;
-  // The input's state, owned as Prepare describes.
+  std::vector<std::unique_ptr<Producer>> producers_;
+  // The stream's reader, used by GetNext only.
   std::unique_ptr<IteratorBase> input_impl_;
-  Mapping mapping_;
-  IndexMapperFn index_mapper_;
   int64_t stream_position_ = 0;
   bool input_exhausted_ = false;
 };

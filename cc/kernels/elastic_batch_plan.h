@@ -43,11 +43,12 @@ inline WorkerBatch PlanWorkerBatch(const BatchSlice& slice, int64_t cursor,
 }
 
 // Global index of the k-th element of the stream a worker reads when it takes
-// its slice [offset, offset + size) of every global batch from `first_cursor`
-// on. A pure function of k, so a prefetching input may run ahead of the reader.
-inline int64_t SliceStreamIndex(int64_t k, int64_t first_cursor, int64_t global_batch_size,
-                                int64_t offset, int64_t size) {
-  return (first_cursor + k / size) * global_batch_size + offset + k % size;
+// its slice [offset, offset + size) of every `stride`-th global batch from
+// `first_cursor` on (stride > 1: one of several readers taking turns). A pure
+// function of k, so a prefetching input may run ahead of the reader.
+inline int64_t SliceStreamIndex(int64_t k, int64_t first_cursor, int64_t stride,
+                                int64_t global_batch_size, int64_t offset, int64_t size) {
+  return (first_cursor + stride * (k / size)) * global_batch_size + offset + k % size;
 }
 
 }  // namespace tensorflow_elastic

@@ -6,11 +6,18 @@ from tensorflow_elastic.data import indexed_records
 
 
 def counting(dataset, counter):
-    """Counts the elements the input actually produces."""
+    """Counts the elements the input actually produces.
+
+    The look-ahead prepares max(2, threads of tf.data's pool) batches: two
+    with this pool.
+    """
     def count(x):
         counter.assign_add(1)
         return x
-    return dataset.map(count)
+
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 2
+    return dataset.map(count).with_options(options)
 
 
 def test_an_index_addressable_newcomer_reads_only_its_slice(elastic):
@@ -48,7 +55,9 @@ def test_indexed_records_are_index_addressable(elastic):
         counter.assign_add(1)
         return offset
 
-    source = indexed_records(["a", "b"], [50_000, 50_000], read)
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = 2  # two batches ahead, as above
+    source = indexed_records(["a", "b"], [50_000, 50_000], read).with_options(options)
     worker = elastic.make_worker(source, 10, 1, 0, cursor=7_000)
     assert worker.next_ids() == list(range(20_000, 20_010))
     assert 10 <= int(counter) <= 30
