@@ -2,8 +2,11 @@
 
 For each repeat it runs, with --workers local worker processes on 127.0.0.1:
 
-* steady state: stock MultiWorkerMirroredStrategy, then the elastic strategy
-  (a commit every step), same model and data: the ratio of median step times;
+* steady state: a group of stock MultiWorkerMirroredStrategy workers and a
+  group of elastic-strategy workers (a commit every step), same model and data,
+  both started up front and taking turns in blocks of steps (the order
+  alternates): the median over block pairs of the ratio of median step times,
+  so that the drift of a shared machine hits both alike;
 * crash: SIGKILL to one worker; time to the first step of the new generation
   on the survivors, and steps lost (redone);
 * growth: start with workers-1, add one; the longest step gap on existing members;
@@ -33,6 +36,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "recovery_worker.py")
 WAIT_S = 180.0
+WARMUP_STEPS = 40
 
 sys.path.insert(0, REPO)
 from tensorflow_elastic.events import STATE_RESTORED, read_events  # noqa: E402
@@ -54,8 +58,8 @@ class Process:
     """A child process whose JSON stdout lines are collected with their arrival order."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env, cwd=REPO)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
         self.records: list[dict] = []
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -74,6 +78,10 @@ class Process:
             if self.proc.poll() is not None and not predicate():
                 raise RuntimeError(f"process exited ({self.proc.returncode}) before {what}")
             time.sleep(0.02)
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def last_step(self) -> int:
         return self.records[-1]["step"] if self.records else 0
@@ -102,12 +110,22 @@ class Orchestrator(Process):
 
 
 def elastic_workers(orchestrator: Orchestrator, count: int, run_id: str, steps: int,
-                    min_nodes: int, max_nodes: int, events_file: str) -> list[Process]:
+                    min_nodes: int, max_nodes: int, events_file: str,
+                    flags: tuple[str, ...] = ()) -> list[Process]:
     env = _env({"TFE_RDZV_ENDPOINT": orchestrator.endpoint, "TFE_RUN_ID": run_id,
                 "TFE_MIN_NODES": str(min_nodes), "TFE_MAX_NODES": str(max_nodes),
                 "TFE_EVENTS_FILE": events_file})
-    return [Process([sys.executable, WORKER, "--mode", "elastic", "--steps", str(steps)], env)
-            for _ in range(count)]
+    return [Process([sys.executable, WORKER, "--mode", "elastic", "--steps", str(steps), *flags],
+                    env) for _ in range(count)]
+
+
+def stock_workers(count: int, steps: int, flags: tuple[str, ...] = ()) -> list[Process]:
+    ports = [_free_port() for _ in range(count)]
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    return [Process([sys.executable, WORKER, "--mode", "mwms", "--steps", str(steps), *flags],
+                    _env({"TF_CONFIG": json.dumps({"cluster": cluster,
+                                                   "task": {"type": "worker", "index": i}})}))
+            for i in range(count)]
 
 
 def step_gaps(records: list[dict], since: float) -> list[float]:
@@ -118,32 +136,51 @@ def step_gaps(records: list[dict], since: float) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def median_step_s(records: list[dict], skip: int = 30) -> float:
-    times = [r["t"] for r in records][skip:]
-    return statistics.median(b - a for a, b in zip(times, times[1:]))
+def run_block(group: list[Process], steps: int, skip: int = 5) -> float:
+    """Runs `steps` more steps on every worker of `group`; the median step time, all workers pooled.
+
+    The first `skip` intervals of the block (the workers starting at slightly
+    different times) are left out.
+    """
+    first = group[0].last_step()
+    for p in group:
+        p.send(str(steps))
+    for p in group:
+        p.wait_for(lambda p=p: p.last_step() >= first + steps, "a block of steps")
+    gaps = []
+    for p in group:
+        times = [r["t"] for r in p.records if r["step"] > first][skip:]
+        gaps += [b - a for a, b in zip(times, times[1:])]
+    return statistics.median(gaps)
 
 
-def steady_state(workers: int, steps: int, tmp: str) -> tuple[float, float]:
-    """Median step time of stock MWMS and of the elastic strategy, run one after the other."""
-    ports = [_free_port() for _ in range(workers)]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    stock = [Process([sys.executable, WORKER, "--mode", "mwms", "--steps", str(steps)],
-                     _env({"TF_CONFIG": json.dumps({"cluster": cluster,
-                                                    "task": {"type": "worker", "index": i}})}))
-             for i in range(workers)]
-    for p in stock:
-        p.wait_for(lambda p=p: p.proc.poll() is not None, "stock MWMS to finish")
-    stock_s = median_step_s(stock[0].records)
+def steady_state(workers: int, pairs: int, block_steps: int,
+                 tmp: str) -> list[tuple[float, float]]:
+    """(stock, elastic) median step times of `pairs` pairs of blocks; the groups take turns."""
     orchestrator = Orchestrator()
+    blocks = ("--blocks",)
+    stock = stock_workers(workers, 10**9, blocks)
+    elastic = elastic_workers(orchestrator, workers, "steady", 10**9, workers, workers,
+                              os.path.join(tmp, "steady.jsonl"), blocks)
     try:
-        elastic = elastic_workers(orchestrator, workers, "steady", steps, workers, workers,
-                                  os.path.join(tmp, "steady.jsonl"))
-        for p in elastic:
-            p.wait_for(lambda p=p: p.proc.poll() is not None, "elastic workers to finish")
-        elastic_s = median_step_s(elastic[0].records)
+        for group in (stock, elastic):
+            run_block(group, WARMUP_STEPS)
+        results = []
+        for i in range(pairs):
+            if i % 2:
+                elastic_s, stock_s = run_block(elastic, block_steps), run_block(stock, block_steps)
+            else:
+                stock_s, elastic_s = run_block(stock, block_steps), run_block(elastic, block_steps)
+            results.append((stock_s, elastic_s))
+        for p in stock + elastic:
+            p.send("0")
+        for p in stock + elastic:
+            p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
+        return results
     finally:
+        for p in stock + elastic:
+            p.stop()
         orchestrator.stop()
-    return stock_s, elastic_s
 
 
 def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
@@ -209,7 +246,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each scenario (default 5)")
-    parser.add_argument("--steps", type=int, default=400, help="steps of the steady-state runs")
+    parser.add_argument("--pairs", type=int, default=6,
+                        help="steady state: (stock, elastic) block pairs per repeat (default 6)")
+    parser.add_argument("--block_steps", type=int, default=200,
+                        help="steady state: steps per block (default 200)")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
@@ -217,13 +257,16 @@ def main(argv: list[str] | None = None) -> int:
                                 "growth": [], "leave": []}
     with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
         for repeat in range(args.repeats):
-            stock_s, elastic_s = steady_state(args.workers, args.steps, tmp)
+            pairs = steady_state(args.workers, args.pairs, args.block_steps, tmp)
+            stock_s = statistics.median(s for s, _ in pairs)
+            elastic_s = statistics.median(e for _, e in pairs)
+            ratios = [e / s for s, e in pairs]
             results["stock_s"].append(stock_s)
             results["elastic_s"].append(elastic_s)
-            results["ratio"].append(elastic_s / stock_s)
+            results["ratio"].append(statistics.median(ratios))
             print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
-                  f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {elastic_s / stock_s:.3f}",
-                  flush=True)
+                  f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {results['ratio'][-1]:.3f} "
+                  f"(block pairs {min(ratios):.3f}-{max(ratios):.3f})", flush=True)
             for kind in ("crash", "growth", "leave"):
                 r = disruption(kind, args.workers, tmp, repeat)
                 results[kind].append(r)

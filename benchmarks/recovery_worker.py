@@ -8,6 +8,9 @@ TensorFlow's multi-worker checkpointing guide does), so a supervisor can
 restart it after a failure.
 Both run the same step function on the same data and print one JSON line per
 step: {"t": unix time, "step", "node", "generation", "world", "pid"}.
+With --blocks the steps come in blocks, each started by a line on stdin with its
+number of steps (0 or end of input: stop), so a driver can interleave two
+groups of workers on the same machine.
 """
 
 import argparse
@@ -22,6 +25,7 @@ parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--global_batch", type=int, default=48)
 parser.add_argument("--backup_dir", help="mwms mode: resume from and save checkpoints here")
 parser.add_argument("--save_every", type=int, default=10, help="mwms mode: steps between saves")
+parser.add_argument("--blocks", action="store_true", help="run blocks of steps read from stdin")
 args = parser.parse_args()
 
 import numpy as np  # noqa: E402
@@ -72,6 +76,13 @@ def train_step(step):
     return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
 
 
+def block_end(step):
+    """Where the current block of steps ends: --steps, or with --blocks `step` + the stdin line."""
+    if not args.blocks:
+        return args.steps
+    return step + int(sys.stdin.readline() or 0)
+
+
 def report(step, node, generation, world_size):
     print(json.dumps({"t": time.time(), "step": step, "node": node, "generation": generation,
                       "world": world_size, "pid": os.getpid()}), flush=True)
@@ -93,12 +104,17 @@ if args.mode == "mwms":
         if latest:
             checkpoint.restore(latest)
             first = int(saved_step.numpy())
-    for step in range(first, args.steps):
+    step = first
+    end = block_end(step)
+    while step < end:
         train_step(tf.constant(step, tf.int64))
-        report(step + 1, task, 1, size)
-        if args.backup_dir and (step + 1) % args.save_every == 0:
-            saved_step.assign(step + 1)
+        step += 1
+        report(step, task, 1, size)
+        if args.backup_dir and step % args.save_every == 0:
+            saved_step.assign(step)
             manager.save()
+        if step == end:
+            end = block_end(step)
 else:
     def follow_membership():
         world.assign(runtime.membership.world_size)
@@ -112,11 +128,14 @@ else:
     @tfe.run
     def train(state):
         follow_membership()
-        while state.step < args.steps:
+        end = block_end(state.step)
+        while state.step < end:
             train_step(tf.constant(state.step, tf.int64))
             state.step += 1
             report(state.step, runtime.node_id, runtime.generation, runtime.membership.world_size)
             state.commit()
+            if state.step == end:
+                end = block_end(state.step)
 
     train(state)
 sys.stdout.flush()

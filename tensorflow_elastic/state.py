@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from tensorflow_elastic import runtime as runtime_lib
 from tensorflow_elastic.errors import MembershipChanged
+from tensorflow_elastic.strategy.variable_reader import VariableReader
 
 
 class State:
@@ -73,13 +74,19 @@ class State:
         Every member votes at the same commit, so a growth or a leave happens
         at the same step everywhere and loses no work.
         """
-        self.save()
-        self._commits += 1
         rt = runtime_lib.current()
         rt.check_job_alive()
+        vote = _strategy().extended.vote
+        tally = self._save_reading_tally()
+        self._commits += 1
         rt.report_step(self._commits)
-        if _strategy().extended.vote.outcome():
+        if vote.outcome(tally):
             raise MembershipChanged("membership changes at this commit")
+
+    def _save_reading_tally(self) -> tf.Tensor | None:
+        """save(); a state with variables also returns the vote's tally, read in the same op."""
+        self.save()
+        return None
 
     def sync(self) -> None:
         """Makes every member's state the chief's (after a re-form, for newcomers)."""
@@ -104,11 +111,11 @@ class TensorFlowState(State):
     def __init__(self, variables: Iterable[tf.Variable] = (), **values: Any):
         super().__init__(**values)
         object.__setattr__(self, "_variables", list(variables))
-        object.__setattr__(self, "_saved", None)
-        object.__setattr__(self, "_snapshot", None)
+        object.__setattr__(self, "_saved", [])
+        object.__setattr__(self, "_reader", None)
         object.__setattr__(self, "_assign", None)
-        object.__setattr__(self, "_function_inputs", 0)
-        self._build_functions()
+        object.__setattr__(self, "_built_cursors", -1)
+        object.__setattr__(self, "_built_tally", None)
         self.save()
 
     def _tracked_variables(self) -> list[tf.Variable]:
@@ -116,36 +123,40 @@ class TensorFlowState(State):
 
     def _all_variables(self) -> list[tf.Variable]:
         """The state's variables plus the cursors of the strategy's elastic inputs."""
-        rt = runtime_lib.current_or_none()
-        strategy = None if rt is None else rt.strategy
-        cursors = [] if strategy is None else strategy.extended.input_cursors
-        return self._tracked_variables() + list(cursors)
+        return self._tracked_variables() + _input_cursors()
 
-    def _build_functions(self) -> None:
+    def _build(self, tally: tf.Variable | None) -> None:
+        """One reader of the variables' local copies and of the vote's tally; an assign function."""
         variables = self._all_variables()
-        object.__setattr__(self, "_function_inputs", len(variables))
-
-        local_copies = [_local_copy(v) for v in variables]
-
-        @tf.function(autograph=False)
-        def snapshot():
-            return [v.read_value() for v in local_copies]
 
         @tf.function(autograph=False)
         def assign(values):
             for v, value in zip(variables, values):
                 v.assign(value)
 
-        object.__setattr__(self, "_snapshot", snapshot)
+        reads = [_local_copy(v) for v in variables] + ([] if tally is None else [tally])
+        object.__setattr__(self, "_reader", VariableReader(reads))
         object.__setattr__(self, "_assign", assign)
+        object.__setattr__(self, "_built_cursors", len(_input_cursors()))
+        object.__setattr__(self, "_built_tally", tally)
+
+    def _save_reading_tally(self) -> tf.Tensor | None:
+        State.save(self)
+        extended = _extended()
+        tally = None if extended is None else extended.vote.tally
+        cursors = 0 if extended is None else len(extended.input_cursors)
+        # Rebuilt when an elastic input or the strategy is created after the state.
+        if cursors != self._built_cursors or tally is not self._built_tally:
+            self._build(tally)
+        values = self._reader()
+        if tally is None:
+            self._saved = values
+            return None
+        self._saved = values[:-1]
+        return values[-1]
 
     def save(self) -> None:
-        super().save()
-        if self._snapshot is None:
-            return
-        if len(self._all_variables()) != self._function_inputs:
-            self._build_functions()  # an elastic input was created after the state
-        self._saved = self._snapshot() if self._function_inputs else []
+        self._save_reading_tally()
 
     def restore(self) -> None:
         super().restore()
@@ -160,7 +171,7 @@ class TensorFlowState(State):
             values = _broadcast_from_chief([tf.convert_to_tensor(v) for v in variables],
                                            rt.node_id == rt.membership.chief_id)
             self._assign(values)
-            self._saved = self._snapshot()
+            self.save()
 
 
 class KerasState(TensorFlowState):
@@ -180,6 +191,18 @@ class KerasState(TensorFlowState):
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
         return variables
+
+
+def _extended():
+    """The strategy's extended object, or None before there is a strategy."""
+    rt = runtime_lib.current_or_none()
+    return None if rt is None or rt.strategy is None else rt.strategy.extended
+
+
+def _input_cursors() -> list[tf.Variable]:
+    """The cursors of the strategy's elastic inputs (none without a strategy)."""
+    extended = _extended()
+    return [] if extended is None else list(extended.input_cursors)
 
 
 def _strategy():

@@ -2,11 +2,12 @@
 
 A vote of its own at every commit would add a collective round trip to every
 step (measured: about 40% on a 10 ms step with 3 local workers). Instead each
-member's vote rides on the step's own all-reduce: one extra element, fed at
-call time with "do I want to re-form?", summed with the gradients. Every
-member reads the same sum at the commit after the step, so all of them
-re-form at the same commit and nobody rolls back. A step without any
-all-reduce falls back to one explicit vote collective at the commit.
+member's vote rides on the step's own all-reduce (its first one): two extra
+elements, fed at call time with (do I want to re-form? 0 or 1, 1), summed with
+the gradients and added to a running tally of [votes, ballots]. Every member
+reads the same tally at the commit after the step, so all of them re-form at
+the same commit and nobody rolls back. A step without any all-reduce falls
+back to one explicit vote collective at the commit.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
 from tensorflow_elastic.strategy import collectives
+from tensorflow_elastic.strategy.variable_reader import VariableReader
 
 _FALLBACK_GROUP_OFFSET = collectives.KEYS_PER_GENERATION - 1
 VOTE_TIMEOUT_S = 300.0
@@ -28,12 +30,14 @@ class ReformVote:
     def __init__(self, device: str, wants_reform: Callable[[], bool]):
         self._device = device
         self._wants_reform = wants_reform
-        # [sum of the last carried vote, number of all-reduces that carried one]:
-        # one variable, so a commit reads it with a single copy.
+        # Running sums [votes, ballots] of the all-reduces that carried a vote:
+        # a step only adds to it (no read in the step), a commit reads it with
+        # the state's variables in one op and compares with the previous commit.
         with tf.init_scope(), tf.device(device):
-            self._tally = tf.Variable([0.0, 0.0], dtype=tf.float64, trainable=False,
-                                      name="reform_vote_tally")
-        self._carried_at_last_commit = 0.0
+            self.tally = tf.Variable([0.0, 0.0], dtype=tf.float64, trainable=False,
+                                     name="reform_vote_tally")
+        self._read_tally = VariableReader([self.tally])
+        self._seen = (0.0, 0.0)
         self._group_key = 0
         self._group_size = 1
         self._instance_key = 0
@@ -42,26 +46,32 @@ class ReformVote:
         self._group_key = generation * collectives.KEYS_PER_GENERATION + _FALLBACK_GROUP_OFFSET
         self._group_size = group_size
         self._instance_key = 0
-        self._carried_at_last_commit = float(self._tally.numpy()[1])
+        self._seen = tuple(self._read_tally()[0].numpy())
 
     def ballot(self, dtype: tf.DType) -> tf.Tensor:
-        """This member's vote (0 or 1) as a tensor of `dtype`, read when the step is called."""
-        vote = collectives.call_time_int(
-            (id(self), "vote"), lambda: 1 if self._wants_reform() else 0)
-        return tf.cast(vote, dtype)
+        """(this member's vote: 0 or 1, 1) as a tensor of `dtype`, read when the step is called."""
+        return collectives.call_time_value((id(self), "vote", dtype),
+                                           lambda: (1 if self._wants_reform() else 0, 1), dtype,
+                                           shape=(2,))
 
     def record(self, total: tf.Tensor) -> None:
-        """Keeps the summed votes of the step's all-reduce for the next commit."""
+        """Adds the summed ballots of one of the step's all-reduces to the tally."""
         with tf.device(self._device):
-            self._tally.assign(tf.stack([tf.cast(total, tf.float64), self._tally[1] + 1.0]))
+            self.tally.assign_add(tf.cast(total, tf.float64))
 
-    def outcome(self) -> bool:
-        """At a commit: True on every member when any member voted to re-form during the step."""
-        total, carried = self._tally.numpy()
-        if carried == self._carried_at_last_commit:
-            total = self._explicit_vote()
-        self._carried_at_last_commit = carried
-        return total > 0
+    def outcome(self, tally: tf.Tensor | None = None) -> bool:
+        """At a commit: True on every member when any member voted to re-form since the last one.
+
+        `tally` is the tally's value when the caller read it already (with its snapshot).
+        """
+        if tally is None:
+            tally = self._read_tally()[0]
+        votes, ballots = tally.numpy()
+        seen_votes, seen_ballots = self._seen
+        self._seen = (votes, ballots)
+        if ballots == seen_ballots:
+            return self._explicit_vote() > 0
+        return votes > seen_votes
 
     def _explicit_vote(self) -> float:
         """For steps that made no all-reduce: one vote collective of its own."""
