@@ -71,6 +71,17 @@ def loss_fn(variables):
     return loss
 
 
+def serve_until_done(server, out: str, **record) -> None:
+    """Serves until the job ends, then writes ``record`` and the PS's stats to ``out``."""
+    server.start()
+    print(f"listening on {server.address}", flush=True)
+    server.wait(600)
+    stats = server.stats()
+    server.stop()
+    with open(out, "w") as f:
+        json.dump({**record, "stats": stats}, f)
+
+
 def serve(args: argparse.Namespace) -> None:
     import tensorflow as tf
     from tensorflow_elastic.ps import PSConfig, ParameterServer
@@ -86,13 +97,7 @@ def serve(args: argparse.Namespace) -> None:
                              host=host, port=int(port), events_file=args.events_file,
                              on_update=lambda v: timeline.append(
                                  (time.time(), v, float(loss(held_out)))))
-    server.start()
-    print(f"listening on {server.address}", flush=True)
-    server.wait(600)
-    stats = server.stats()
-    server.stop()
-    with open(args.out, "w") as f:
-        json.dump({"timeline": timeline, "stats": stats}, f)
+    serve_until_done(server, args.out, timeline=timeline)
 
 
 def work(args: argparse.Namespace) -> None:
@@ -134,13 +139,7 @@ def serve_ingest(args: argparse.Namespace) -> None:
                              tf.keras.optimizers.SGD(0.01), PSConfig(policy="fifo"),
                              host=host, port=int(port),
                              on_update=lambda version: landed.append(time.time()))
-    server.start()
-    print(f"listening on {server.address}", flush=True)
-    server.wait(600)
-    stats = server.stats()
-    server.stop()
-    with open(args.out, "w") as f:
-        json.dump({"landed": landed, "stats": stats, "bytes_per_gradient": args.params * 4}, f)
+    serve_until_done(server, args.out, landed=landed, bytes_per_gradient=args.params * 4)
 
 
 def push(args: argparse.Namespace) -> None:

@@ -48,6 +48,24 @@ def batches(seed: int, count: int | None = None):
         yield tf.constant(rng.randn(16, 4).astype(np.float32))
 
 
+def train_with_workers(server: ParameterServer, count: int) -> list:
+    """Runs `count` worker threads until the job ends; their results."""
+    results = []
+
+    def work(seed: int) -> None:
+        variables = make_variables(seed + 100)  # pulled parameters overwrite these
+        worker = PSWorker(server.address, variables, regression_gradient_fn(variables))
+        results.append(worker.run(batches(seed)))
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(count)]
+    for thread in threads:
+        thread.start()
+    assert server.wait(TIMEOUT_S)
+    for thread in threads:
+        thread.join(TIMEOUT_S)
+    return results
+
+
 @pytest.fixture
 def server_factory(tmp_path):
     servers = []
@@ -157,19 +175,7 @@ def test_settings_change_while_running_and_bad_settings_are_refused(server_facto
 def test_async_job_stops_after_workers_times_iterations_and_every_worker_acknowledges(
         server_factory):
     server = server_factory(PSConfig(policy="asypq", iterations=10, workers=2))
-    results = []
-
-    def work(seed: int) -> None:
-        variables = make_variables(seed + 100)  # pulled parameters overwrite these
-        worker = PSWorker(server.address, variables, regression_gradient_fn(variables))
-        results.append(worker.run(batches(seed)))
-
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(2)]
-    for thread in threads:
-        thread.start()
-    assert server.wait(TIMEOUT_S)
-    for thread in threads:
-        thread.join(TIMEOUT_S)
+    results = train_with_workers(server, 2)
     assert sorted(r.reason for r in results) == ["stopped by the parameter server"] * 2
     stats = server.stats()
     assert stats["accepted"] >= 20
@@ -179,21 +185,9 @@ def test_async_job_stops_after_workers_times_iterations_and_every_worker_acknowl
 
 def test_synch_workers_count_their_own_iterations_and_loss_falls(server_factory):
     server = server_factory(PSConfig(policy="synch", iterations=15))
-    results = []
-
-    def work(seed: int) -> None:
-        variables = make_variables(seed + 100)
-        worker = PSWorker(server.address, variables, regression_gradient_fn(variables))
-        results.append(worker.run(batches(seed)))
-
     first_loss = float(regression_gradient_fn(server.parameters.variables)(
         next(batches(5)))[0])
-    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(3)]
-    for thread in threads:
-        thread.start()
-    assert server.wait(TIMEOUT_S)
-    for thread in threads:
-        thread.join(TIMEOUT_S)
+    results = train_with_workers(server, 3)
     assert [r.iterations for r in results] == [15, 15, 15]
     assert server.parameters.version == 15  # one update per round of 3 gradients
     last_loss = float(regression_gradient_fn(server.parameters.variables)(next(batches(5)))[0])
