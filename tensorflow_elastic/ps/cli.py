@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 
+from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps.client import PSClient, PSError
 
-SETTINGS = ("synch_block_size", "asynch_max", "max_to_accept", "min_to_accept", "max_staleness")
+# Every setting Configure takes, so a new field in the proto reaches the CLI by itself.
+SETTINGS = tuple(f.name for f in pb.ConfigureRequest.DESCRIPTOR.fields if f.name != "job_id")
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:

@@ -31,7 +31,6 @@ from tensorflow_elastic.ps.service import ParameterServerService
 
 logger = logging.getLogger(__name__)
 
-SYNCH = "synch"
 CHECKPOINT_SAVED = "checkpoint_saved"
 _MASTER_POLL_S = 0.02
 _GRPC_OPTIONS = [("grpc.max_receive_message_length", -1),
@@ -98,7 +97,7 @@ class ParameterServer:
     def worker_iterations(self) -> int:
         """What each worker counts itself: its iterations in the synchronous policy."""
         config = self.master.config
-        return config.iterations or 0 if config.policy == SYNCH else 0
+        return config.iterations or 0 if config.is_synchronous else 0
 
     def start(self) -> "ParameterServer":
         self._restore()

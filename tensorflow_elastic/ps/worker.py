@@ -19,13 +19,13 @@ import tensorflow as tf
 
 from tensorflow_elastic.ps import tensors
 from tensorflow_elastic.ps.client import PSClient, PSError
+from tensorflow_elastic.ps.config import SYNCH
 from tensorflow_elastic.ps.parameters import variable_specs
 from tensorflow_elastic.ps.reasons import FUTURE_VERSION
 
 logger = logging.getLogger(__name__)
 
 GradientFn = Callable[[Any], tuple[Any, Sequence[Any]]]
-SYNCH = "synch"
 _SYNCH_WAIT_S = 5.0
 
 
