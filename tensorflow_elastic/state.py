@@ -16,7 +16,15 @@ import tensorflow as tf
 
 from tensorflow_elastic import runtime as runtime_lib
 from tensorflow_elastic.errors import MembershipChanged
-from tensorflow_elastic.strategy.variable_reader import VariableReader
+from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
+
+# Values a commit can keep as they are: copying them would only cost time.
+_IMMUTABLE_TYPES = (int, float, bool, str, bytes, type(None))
+
+
+def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
+    return {name: value if type(value) in _IMMUTABLE_TYPES else copy.deepcopy(value)
+            for name, value in values.items()}
 
 
 class State:
@@ -24,7 +32,7 @@ class State:
 
     def __init__(self, **values: Any):
         object.__setattr__(self, "_values", dict(values))
-        object.__setattr__(self, "_committed", copy.deepcopy(values))
+        object.__setattr__(self, "_committed", _copy_values(values))
         object.__setattr__(self, "_reset_callbacks", [])
         object.__setattr__(self, "_commits", 0)
 
@@ -62,11 +70,11 @@ class State:
             callback()
 
     def save(self) -> None:
-        self._committed = copy.deepcopy(self._values)
+        self._committed = _copy_values(self._values)
 
     def restore(self) -> None:
         """Rolls back to the last commit."""
-        self._values.update(copy.deepcopy(self._committed))
+        self._values.update(_copy_values(self._committed))
 
     def commit(self) -> None:
         """Snapshots the state, then re-forms here if the membership is about to change.
@@ -77,16 +85,11 @@ class State:
         rt = runtime_lib.current()
         rt.check_job_alive()
         vote = _strategy().extended.vote
-        tally = self._save_reading_tally()
+        self.save()
         self._commits += 1
         rt.report_step(self._commits)
-        if vote.outcome(tally):
+        if vote.outcome():
             raise MembershipChanged("membership changes at this commit")
-
-    def _save_reading_tally(self) -> tf.Tensor | None:
-        """save(); a state with variables also returns the vote's tally, read in the same op."""
-        self.save()
-        return None
 
     def sync(self) -> None:
         """Makes every member's state the chief's (after a re-form, for newcomers)."""
@@ -106,16 +109,14 @@ ObjectState = State
 
 
 class TensorFlowState(State):
-    """Variables plus Python attributes; snapshots alias variable buffers, so a commit copies nothing."""
+    """Variables plus Python attributes; a commit references the variables' buffers, copying nothing."""
 
     def __init__(self, variables: Iterable[tf.Variable] = (), **values: Any):
         super().__init__(**values)
         object.__setattr__(self, "_variables", list(variables))
-        object.__setattr__(self, "_saved", [])
-        object.__setattr__(self, "_reader", None)
+        object.__setattr__(self, "_snapshot", None)
         object.__setattr__(self, "_assign", None)
         object.__setattr__(self, "_built_cursors", -1)
-        object.__setattr__(self, "_built_tally", None)
         self.save()
 
     def _tracked_variables(self) -> list[tf.Variable]:
@@ -125,8 +126,8 @@ class TensorFlowState(State):
         """The state's variables plus the cursors of the strategy's elastic inputs."""
         return self._tracked_variables() + _input_cursors()
 
-    def _build(self, tally: tf.Variable | None) -> None:
-        """One reader of the variables' local copies and of the vote's tally; an assign function."""
+    def _build(self) -> None:
+        """A snapshot of the variables' local copies, and a function that assigns them all."""
         variables = self._all_variables()
 
         @tf.function(autograph=False)
@@ -134,34 +135,22 @@ class TensorFlowState(State):
             for v, value in zip(variables, values):
                 v.assign(value)
 
-        reads = [_local_copy(v) for v in variables] + ([] if tally is None else [tally])
-        object.__setattr__(self, "_reader", VariableReader(reads))
+        object.__setattr__(self, "_snapshot", VariableSnapshot([_local_copy(v) for v in variables]))
         object.__setattr__(self, "_assign", assign)
         object.__setattr__(self, "_built_cursors", len(_input_cursors()))
-        object.__setattr__(self, "_built_tally", tally)
-
-    def _save_reading_tally(self) -> tf.Tensor | None:
-        State.save(self)
-        extended = _extended()
-        tally = None if extended is None else extended.vote.tally
-        cursors = 0 if extended is None else len(extended.input_cursors)
-        # Rebuilt when an elastic input or the strategy is created after the state.
-        if cursors != self._built_cursors or tally is not self._built_tally:
-            self._build(tally)
-        values = self._reader()
-        if tally is None:
-            self._saved = values
-            return None
-        self._saved = values[:-1]
-        return values[-1]
 
     def save(self) -> None:
-        self._save_reading_tally()
+        State.save(self)
+        # Rebuilt when an elastic input is created after the state.
+        if len(_input_cursors()) != self._built_cursors:
+            self._build()
+        self._snapshot.take()
 
     def restore(self) -> None:
         super().restore()
-        if self._saved:
-            self._assign(self._saved)
+        saved = self._snapshot.saved_values()
+        if saved:
+            self._assign(saved)
 
     def sync(self) -> None:
         super().sync()

@@ -17,8 +17,8 @@ from typing import Callable
 import tensorflow as tf
 from tensorflow.python.ops import collective_ops
 
+from tensorflow_elastic.ops.variable_snapshot import Float64Reader
 from tensorflow_elastic.strategy import collectives
-from tensorflow_elastic.strategy.variable_reader import VariableReader
 
 _FALLBACK_GROUP_OFFSET = collectives.KEYS_PER_GENERATION - 1
 VOTE_TIMEOUT_S = 300.0
@@ -31,12 +31,12 @@ class ReformVote:
         self._device = device
         self._wants_reform = wants_reform
         # Running sums [votes, ballots] of the all-reduces that carried a vote:
-        # a step only adds to it (no read in the step), a commit reads it with
-        # the state's variables in one op and compares with the previous commit.
-        with tf.init_scope(), tf.device(device):
+        # a step only adds to it (no read in the step), a commit reads it from
+        # host memory without an eager op and compares with the previous commit.
+        with tf.init_scope(), tf.device(f"{device}/device:CPU:0"):
             self.tally = tf.Variable([0.0, 0.0], dtype=tf.float64, trainable=False,
                                      name="reform_vote_tally")
-        self._read_tally = VariableReader([self.tally])
+        self._read_tally = Float64Reader(self.tally)
         self._seen = (0.0, 0.0)
         self._group_key = 0
         self._group_size = 1
@@ -46,7 +46,7 @@ class ReformVote:
         self._group_key = generation * collectives.KEYS_PER_GENERATION + _FALLBACK_GROUP_OFFSET
         self._group_size = group_size
         self._instance_key = 0
-        self._seen = tuple(self._read_tally()[0].numpy())
+        self._seen = self._read_tally()
 
     def ballot(self, dtype: tf.DType) -> tf.Tensor:
         """(this member's vote: 0 or 1, 1) as a tensor of `dtype`, read when the step is called."""
@@ -59,14 +59,9 @@ class ReformVote:
         with tf.device(self._device):
             self.tally.assign_add(tf.cast(total, tf.float64))
 
-    def outcome(self, tally: tf.Tensor | None = None) -> bool:
-        """At a commit: True on every member when any member voted to re-form since the last one.
-
-        `tally` is the tally's value when the caller read it already (with its snapshot).
-        """
-        if tally is None:
-            tally = self._read_tally()[0]
-        votes, ballots = tally.numpy()
+    def outcome(self) -> bool:
+        """At a commit: True on every member when any member voted to re-form since the last one."""
+        votes, ballots = self._read_tally()
         seen_votes, seen_ballots = self._seen
         self._seen = (votes, ballots)
         if ballots == seen_ballots:
