@@ -3,22 +3,22 @@
 Stock MultiWorkerMirroredStrategy bakes the world size and the group key into
 every traced function as constants, so a membership change would force every
 tf.function (the user's and Keras') to be retraced. CollectiveReduceV2 takes
-them as runtime inputs: here they are captured as call-time values, fed from
-Python at each call, like TensorFlow already does for instance keys. After a
-re-form, the same concrete functions run on the new group.
+them as runtime inputs: here a traced function reads them from variables, so
+after a re-form (which assigns the new values) the same concrete functions run
+on the new group, and a call does no Python work for them (a call-time value
+fed from Python at each call costs tens of microseconds of CPU per step).
 """
 
 from __future__ import annotations
 
-import functools
 import weakref
-from typing import Callable
 
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils, reduce_util
 from tensorflow.python.eager import context
-from tensorflow.python.framework import constant_op, dtypes, indexed_slices, ops, tensor_spec
+from tensorflow.python.framework import dtypes, indexed_slices, ops
 from tensorflow.python.framework.tensor import Tensor
+from tensorflow.python.ops import math_ops, variables
 from tensorflow.python.util import nest
 
 # Group keys are spaced per generation so that no two generations share one.
@@ -30,77 +30,58 @@ def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
     return cross_device_utils.CollectiveKeys(group_key_start=1 + generation * KEYS_PER_GENERATION)
 
 
-def _function_graph() -> ops.Graph | None:
-    """The function being traced (the outermost one around control flow), or None."""
-    if context.executing_eagerly():
-        return None
-    graph = ops.get_default_graph()
-    while getattr(graph, "is_control_flow_graph", False):
-        graph = graph.outer_graph
-    return graph if graph.building_function else None
+def building_function() -> bool:
+    """Whether ops are being added to a function being traced (rather than run eagerly)."""
+    return not context.executing_eagerly() and ops.get_default_graph().building_function
 
 
-def call_time_value(key: object, read: Callable[[], object], dtype: dtypes.DType,
-                    shape: tuple[int, ...] = ()) -> Tensor:
-    """A `dtype` tensor holding `read()`: now, or inside a function a placeholder fed at each call.
+class RuntimeInt:
+    """An int that traced functions read from a variable: a Python int eagerly, a tensor in a function."""
 
-    The placeholder is fed a cached host tensor, so a call converts nothing.
-    """
-    graph = _function_graph()
-    if graph is None:
-        return _host_constant(read(), dtype)
-    with graph.as_default():
-        # A nested function's capture is captured again by the outer function,
-        # so the closure always runs eagerly, at the outermost call.
-        return graph.capture_call_time_value(lambda: _host_constant(read(), dtype),
-                                             tensor_spec.TensorSpec(shape, dtype), key=key)
+    def __init__(self, value: int, name: str):
+        self.value = value
+        with ops.init_scope(), ops.device("CPU:0"):
+            self._variable = variables.Variable(value, dtype=dtypes.int32, trainable=False,
+                                                name=name)
 
+    def set(self, value: int) -> None:
+        if value != self.value:
+            self.value = value
+            self._variable.assign(value)
 
-def call_time_int(key: object, read: Callable[[], int]) -> int | Tensor:
-    """`read()` as a Python int now, or inside a function a placeholder fed with it at each call.
-
-    Eagerly it stays a Python int: the stock launchers key their instance keys by it.
-    """
-    if _function_graph() is None:
-        return read()
-    return call_time_value(key, read, dtypes.int32)
-
-
-@functools.lru_cache(maxsize=256)
-def _host_constant(value: object, dtype: dtypes.DType) -> Tensor:
-    """Group sizes, group keys and ballots take few values: each becomes a tensor once."""
-    with ops.device("CPU:0"):
-        return constant_op.constant(value, dtype)
+    def read(self) -> int | Tensor:
+        if building_function():
+            return self._variable.value()
+        return self.value
 
 
 class ElasticReplicaLauncher(cross_device_utils.CollectiveReplicaLauncher):
-    """A launcher whose group size and key are call-time values."""
+    """A launcher whose group size and key are runtime values shared by its collective."""
 
-    def __init__(self, group_key, group_size, collective_keys, device, options):
-        self._current_group_key = group_key
-        self._current_group_size = group_size
-        super().__init__(group_key, group_size, collective_keys, device, options)
+    def __init__(self, group_key: RuntimeInt, group_size: RuntimeInt, collective_keys, device,
+                 options):
+        self._runtime_group_key = group_key
+        self._runtime_group_size = group_size
+        super().__init__(group_key.value, group_size.value, collective_keys, device, options)
 
     @property
     def _group_key(self):
-        return call_time_int((id(self), "group_key"), lambda: self._current_group_key)
+        return self._runtime_group_key.read()
 
     @_group_key.setter
     def _group_key(self, value: int) -> None:
-        self._current_group_key = value
+        self._runtime_group_key.set(value)
 
     @property
     def _group_size(self):
-        return call_time_int((id(self), "group_size"), lambda: self._current_group_size)
+        return self._runtime_group_size.read()
 
     @_group_size.setter
     def _group_size(self, value: int) -> None:
-        self._current_group_size = value
+        self._runtime_group_size.set(value)
 
-    def regroup(self, group_key: int, group_size: int,
-                collective_keys: cross_device_utils.CollectiveKeys) -> None:
-        self._current_group_key = group_key
-        self._current_group_size = group_size
+    def use_collective_keys(self, collective_keys: cross_device_utils.CollectiveKeys) -> None:
+        """Instance keys from now on come from `collective_keys` (a new generation's)."""
         self._collective_keys = collective_keys
 
 
@@ -121,9 +102,12 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
 
     def __init__(self, devices, group_size, options, collective_keys, vote=None):
         super().__init__(devices, group_size, options, collective_keys=collective_keys)
-        group_key = self._collective_keys.get_group_key(self._devices)
-        self._launchers = [ElasticReplicaLauncher(group_key, group_size, self._collective_keys,
-                                                  device, options) for device in self._devices]
+        self._runtime_group_key = RuntimeInt(self._collective_keys.get_group_key(self._devices),
+                                             "elastic_group_key")
+        self._runtime_group_size = RuntimeInt(group_size, "elastic_group_size")
+        self._launchers = [ElasticReplicaLauncher(self._runtime_group_key, self._runtime_group_size,
+                                                  self._collective_keys, device, options)
+                           for device in self._devices]
         self._limited_nccl = any(not launcher.can_order_nccl() for launcher in self._launchers)
         self._vote = vote
         self._replicas_voting_in: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -136,14 +120,12 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
 
     def regroup(self, group_size: int, collective_keys: cross_device_utils.CollectiveKeys) -> None:
         """Moves every launcher to `group_size` and to its group key in `collective_keys`."""
-        group_key = collective_keys.get_group_key(self._devices)
         self._group_size = group_size
         self._collective_keys = collective_keys
+        self._runtime_group_key.set(collective_keys.get_group_key(self._devices))
+        self._runtime_group_size.set(group_size)
         for launcher in self._launchers:
-            launcher.regroup(group_key, group_size, collective_keys)
-
-    def _runtime_group_size(self, dtype):
-        return call_time_value((id(self), "group_size", dtype), lambda: self._group_size, dtype)
+            launcher.use_collective_keys(collective_keys)
 
     def _carries_vote(self, flat: list, replica_id: int) -> bool:
         """Whether this all-reduce carries the vote: one per replica and traced function is enough.
@@ -179,4 +161,5 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         if reduce_op != reduce_util.ReduceOp.MEAN:
             return summed
         with ops.device(self._devices[replica_id]):
-            return nest.map_structure(lambda v: v / self._runtime_group_size(v.dtype), summed)
+            return nest.map_structure(
+                lambda v: v / math_ops.cast(self._runtime_group_size.read(), v.dtype), summed)
