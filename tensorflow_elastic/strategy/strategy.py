@@ -4,7 +4,7 @@ The strategy/extended split follows tf.distribute: the strategy is the user
 API, `ElasticExtended` holds the cluster. A re-form (`ElasticExtended.regroup`)
 updates the running server, the collective group and the world size in place:
 no process restarts, variables stay, traced functions keep working because
-their collectives read group size and key at call time (collectives.py).
+their collectives read group size and key from variables (collectives.py).
 """
 
 from __future__ import annotations

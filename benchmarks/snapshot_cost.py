@@ -1,0 +1,102 @@
+"""What a commit's snapshot costs, in one process, for models of several sizes.
+
+For each size it measures, side by side in alternating blocks:
+
+* take: `VariableSnapshot.take()` (one C call; what a commit does);
+* eager read: one eager `_ReadVariablesOp` of the same variables (the previous
+  way, kept here as the baseline);
+* update step: a traced SGD-like update of every variable, without a snapshot
+  held and right after a take. After a take the update copies each buffer
+  (copy-on-write), which is the part of a commit's cost that grows with the
+  model.
+
+Prints a table and, as its last line, JSON with the medians per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import tensorflow as tf
+from tensorflow.python.eager import context, execute
+
+from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
+
+# name -> shapes of the variables (float32)
+SIZES = {
+    "mlp_25KB": [(32, 64), (64,), (64, 64), (64,), (64, 1), (1,)],
+    "4MB": [(256, 512)] * 8,
+    "64MB": [(2048, 1024)] * 8,
+}
+
+
+def _median_us(run, iterations: int) -> float:
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def measure(shapes, iterations: int, blocks: int) -> dict[str, float]:
+    variables = [tf.Variable(tf.random.normal(shape)) for shape in shapes]
+    snapshot = VariableSnapshot(variables)
+    handles = [v.handle for v in variables]
+    attrs = ("N", len(variables), "dtypes", [v.dtype.as_datatype_enum for v in variables])
+    ctx = context.context()
+
+    @tf.function
+    def update():
+        for v in variables:
+            v.assign_sub(0.001 * v)
+
+    def eager_read():
+        execute.execute("_ReadVariablesOp", len(variables), handles, attrs, ctx)
+
+    def take_then_update():
+        snapshot.take()
+        update()
+
+    snapshot.take()
+    update()
+    eager_read()
+    results: dict[str, list[float]] = {"take_us": [], "eager_read_us": [], "update_us": [],
+                                       "take_then_update_us": []}
+    for block in range(blocks):
+        runs = [("take_us", snapshot.take), ("eager_read_us", eager_read),
+                ("update_us", update), ("take_then_update_us", take_then_update)]
+        for name, run in (runs if block % 2 == 0 else runs[::-1]):
+            results[name].append(_median_us(run, iterations))
+    summary = {name: round(statistics.median(values), 2) for name, values in results.items()}
+    summary["copy_on_write_us"] = round(summary["take_then_update_us"] - summary["update_us"]
+                                        - summary["take_us"], 2)
+    summary["megabytes"] = round(sum(v.numpy().nbytes for v in variables) / 2**20, 3)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=200, help="calls per block (default 200)")
+    parser.add_argument("--blocks", type=int, default=6,
+                        help="alternating blocks per measurement (default 6)")
+    args = parser.parse_args(argv)
+    summary = {}
+    print(f"{'model':<10}{'MB':>8}{'take us':>10}{'eager read us':>15}{'update us':>12}"
+          f"{'take+update us':>16}{'copy-on-write us':>18}")
+    for name, shapes in SIZES.items():
+        r = measure(shapes, args.iterations, args.blocks)
+        summary[name] = r
+        print(f"{name:<10}{r['megabytes']:>8.2f}{r['take_us']:>10.1f}{r['eager_read_us']:>15.1f}"
+              f"{r['update_us']:>12.1f}{r['take_then_update_us']:>16.1f}"
+              f"{r['copy_on_write_us']:>18.1f}", flush=True)
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
