@@ -205,8 +205,9 @@ class ElasticRuntime:
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every TFE_STEP_EVENTS_EVERY commits."""
         self._last_progress = time.monotonic()
-        self._steps.report(step, self.membership.world_size, node=self.node_id,
-                           generation=self.generation)
+        if self._steps.due(step):
+            self._steps.report(step, self.membership.world_size, node=self.node_id,
+                               generation=self.generation)
 
     def report_failure(self, error: BaseException) -> None:
         """Tells the orchestrator which peers this process cannot reach."""

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import copy
 import pickle
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import tensorflow as tf
 
 from tensorflow_elastic import runtime as runtime_lib
 from tensorflow_elastic.errors import MembershipChanged
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
+
+if TYPE_CHECKING:
+    from tensorflow_elastic.strategy.agreement import ReformVote
 
 # Values a commit can keep as they are: copying them would only cost time.
 _IMMUTABLE_TYPES = (int, float, bool, str, bytes, type(None))
@@ -85,11 +88,16 @@ class State:
         rt = runtime_lib.current()
         rt.check_job_alive()
         vote = _strategy().extended.vote
-        self.save()
+        tally = self._save_reading_tally(vote)
         self._commits += 1
         rt.report_step(self._commits)
-        if vote.outcome():
+        if vote.outcome(tally):
             raise MembershipChanged("membership changes at this commit")
+
+    def _save_reading_tally(self, vote: ReformVote) -> tuple[float, ...]:
+        """save(), and the vote's tally as of now (a state with variables reads both in one call)."""
+        self.save()
+        return vote.read_tally()
 
     def sync(self) -> None:
         """Makes every member's state the chief's (after a re-form, for newcomers)."""
@@ -117,6 +125,7 @@ class TensorFlowState(State):
         object.__setattr__(self, "_snapshot", None)
         object.__setattr__(self, "_assign", None)
         object.__setattr__(self, "_built_cursors", -1)
+        object.__setattr__(self, "_built_tally", None)
         self.save()
 
     def _tracked_variables(self) -> list[tf.Variable]:
@@ -126,8 +135,9 @@ class TensorFlowState(State):
         """The state's variables plus the cursors of the strategy's elastic inputs."""
         return self._tracked_variables() + _input_cursors()
 
-    def _build(self) -> None:
-        """A snapshot of the variables' local copies, and a function that assigns them all."""
+    def _build(self, tally: tf.Variable | None) -> None:
+        """A snapshot of the variables' local copies (and the vote's tally), and a function that
+        assigns the variables."""
         variables = self._all_variables()
 
         @tf.function(autograph=False)
@@ -135,16 +145,29 @@ class TensorFlowState(State):
             for v, value in zip(variables, values):
                 v.assign(value)
 
-        object.__setattr__(self, "_snapshot", VariableSnapshot([_local_copy(v) for v in variables]))
+        object.__setattr__(self, "_snapshot",
+                           VariableSnapshot([_local_copy(v) for v in variables], reported=tally))
         object.__setattr__(self, "_assign", assign)
         object.__setattr__(self, "_built_cursors", len(_input_cursors()))
+        object.__setattr__(self, "_built_tally", tally)
+
+    def _take(self) -> tuple[float, ...] | None:
+        """Takes the snapshot; returns the vote's tally (None before there is a strategy)."""
+        extended = _extended()
+        tally = None if extended is None else extended.vote.tally
+        cursors = 0 if extended is None else len(extended.input_cursors)
+        # Rebuilt when an elastic input or the strategy is created after the state.
+        if cursors != self._built_cursors or tally is not self._built_tally:
+            self._build(tally)
+        return self._snapshot.take()
 
     def save(self) -> None:
         State.save(self)
-        # Rebuilt when an elastic input is created after the state.
-        if len(_input_cursors()) != self._built_cursors:
-            self._build()
-        self._snapshot.take()
+        self._take()
+
+    def _save_reading_tally(self, vote: ReformVote) -> tuple[float, ...]:
+        State.save(self)
+        return self._take()
 
     def restore(self) -> None:
         super().restore()

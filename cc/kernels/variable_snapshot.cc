@@ -60,7 +60,8 @@ absl::Status VariableSnapshot::Saved(std::vector<Tensor>* values) const {
   return absl::OkStatus();
 }
 
-absl::Status VariableSnapshot::ReadFloat64(int index, double* out, int64_t count) const {
+absl::Status VariableSnapshot::ReadFloat64(int index, bool held, double* out,
+                                           int64_t count) const {
   if (index < 0 || index >= size()) {
     return absl::OutOfRangeError(
         absl::StrCat("variable index ", index, " is outside [0, ", size(), ")"));
@@ -70,7 +71,11 @@ absl::Status VariableSnapshot::ReadFloat64(int index, double* out, int64_t count
         absl::StrCat("variable ", index, " is not in host memory"));
   }
   Tensor value;
-  {
+  if (held) {
+    mutex_lock lock(mu_);
+    if (!taken_) return absl::FailedPreconditionError("no snapshot has been taken yet");
+    value = saved_[index];
+  } else {
     Var* variable = variables_[index].get();
     tf_shared_lock lock(*variable->mu());
     value = *variable->tensor();

@@ -39,9 +39,10 @@ class VariableSnapshot {
   // The values held by the last Take().
   absl::Status Saved(std::vector<tensorflow::Tensor>* values) const;
 
-  // Copies the current value of variable `index`, a host float64 variable of
-  // `count` elements, into `out`.
-  absl::Status ReadFloat64(int index, double* out, int64_t count) const;
+  // Copies the value of variable `index`, a host float64 variable of `count`
+  // elements, into `out`: its current value, or with `held` the one the last
+  // Take() holds.
+  absl::Status ReadFloat64(int index, bool held, double* out, int64_t count) const;
 
  private:
   const std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables_;

@@ -29,14 +29,24 @@ std::shared_ptr<tensorflow_elastic::VariableSnapshot> Find(int64_t id) {
 
 extern "C" {
 
-int TfeVariableSnapshotTake(int64_t id) {
+// Takes the snapshot; with `read_index` >= 0 also copies the held value of
+// that (host float64) variable into `out`, saving a second call per commit.
+int TfeVariableSnapshotTake(int64_t id, int read_index, double* out, int64_t count) {
   auto snapshot = Find(id);
-  return snapshot == nullptr ? -1 : Report(snapshot->Take());
+  if (snapshot == nullptr) return -1;
+  absl::Status status = snapshot->Take();
+  if (status.ok() && read_index >= 0) {
+    status = snapshot->ReadFloat64(read_index, /*held=*/true, out, count);
+  }
+  return Report(status);
 }
 
+// The current value of variable `index`, a host float64 variable.
 int TfeVariableSnapshotReadFloat64(int64_t id, int index, double* out, int64_t count) {
   auto snapshot = Find(id);
-  return snapshot == nullptr ? -1 : Report(snapshot->ReadFloat64(index, out, count));
+  return snapshot == nullptr
+             ? -1
+             : Report(snapshot->ReadFloat64(index, /*held=*/false, out, count));
 }
 
 int TfeVariableSnapshotRelease(int64_t id) {

@@ -20,9 +20,13 @@ class StepReporter:
         self._log = events.EventLog(path, source=source)
         self._last: int | None = None
 
+    def due(self, step: int) -> bool:
+        """Whether `report(step, ...)` would record an event (a commit asks before building one)."""
+        return self._last is None or step - self._last >= self.every
+
     def report(self, step: int, world_size: int, node: int | None = None,
                generation: int | None = None) -> None:
-        if self._last is not None and step - self._last < self.every:
+        if not self.due(step):
             return
         self._last = step
         self._log.record(events.STEP, node=node, generation=generation, step=step,

@@ -37,7 +37,8 @@ def _library() -> ctypes.PyDLL:
             load_op_library()
             # PyDLL keeps the GIL: every call is a few microseconds.
             c_api = ctypes.PyDLL(LIBRARY_PATH)
-            c_api.TfeVariableSnapshotTake.argtypes = [ctypes.c_int64]
+            c_api.TfeVariableSnapshotTake.argtypes = [
+                ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_int64]
             c_api.TfeVariableSnapshotReadFloat64.argtypes = [
                 ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_int64]
             c_api.TfeVariableSnapshotRelease.argtypes = [ctypes.c_int64]
@@ -51,44 +52,62 @@ def _check(status: int) -> None:
         raise SnapshotError(_library().TfeVariableSnapshotLastError().decode())
 
 
+def _create(owner: object, variables: Sequence[tf.Variable]) -> int:
+    """A C++ snapshot of `variables` (all on one device), released when `owner` is collected."""
+    c_api = _library()
+    with tf.device(variables[0].handle.device):
+        snapshot_id = int(load_op_library().elastic_variable_snapshot([v.handle for v in variables]))
+    weakref.finalize(owner, c_api.TfeVariableSnapshotRelease, snapshot_id)
+    return snapshot_id
+
+
 class VariableSnapshot:
     """The values of a fixed list of resource variables as of the last `take()`.
 
-    One C++ snapshot per device the variables live on (an op's resource inputs
-    share a device): usually one or two.
+    `reported`, a small float64 variable in host memory, is held too, and
+    `take()` returns its values: a commit reads the vote's tally in the same
+    call. One C++ snapshot per device the variables live on (an op's resource
+    inputs share a device): usually one or two.
     """
 
-    def __init__(self, variables: Sequence[tf.Variable]):
+    def __init__(self, variables: Sequence[tf.Variable], reported: tf.Variable | None = None):
+        held = list(variables) + ([] if reported is None else [reported])
         by_device: dict[str, list[int]] = {}
-        for i, variable in enumerate(variables):
+        for i, variable in enumerate(held):
             by_device.setdefault(variable.handle.device, []).append(i)
         self._size = len(variables)
-        self._groups: list[tuple[int, list[int], list[tf.DType]]] = []
-        self._ids: list[int] = []
-        if not variables:
-            return
-        c_api, ops = _library(), load_op_library()
-        for device, indices in by_device.items():
-            with tf.device(device):
-                snapshot_id = int(ops.elastic_variable_snapshot(
-                    [variables[i].handle for i in indices]))
-            weakref.finalize(self, c_api.TfeVariableSnapshotRelease, snapshot_id)
-            self._groups.append((snapshot_id, indices, [variables[i].dtype for i in indices]))
-        self._ids = [snapshot_id for snapshot_id, _, _ in self._groups]
+        self._held = len(held)
+        self._groups = [(_create(self, [held[i] for i in indices]), indices,
+                         [held[i].dtype for i in indices])
+                        for indices in by_device.values()]
+        self._reported = None
+        count = 0
+        if reported is not None:
+            count = int(tf.size(reported))
+            self._reported = (ctypes.c_double * count)()
+        # The arguments of each group's C call: (id, index of `reported` in it or -1, out, count).
+        self._take_calls = [
+            (snapshot_id, indices.index(self._size), self._reported, count)
+            if self._size in indices else (snapshot_id, -1, None, 0)
+            for snapshot_id, indices, _ in self._groups]
 
-    def take(self) -> None:
-        """Holds every variable's current value; call it between steps, not during one."""
-        for snapshot_id in self._ids:
-            _check(_c_api.TfeVariableSnapshotTake(snapshot_id))
+    def take(self) -> tuple[float, ...] | None:
+        """Holds every variable's current value; call it between steps, not during one.
+
+        Returns the values of `reported` (None without one).
+        """
+        for call in self._take_calls:
+            _check(_c_api.TfeVariableSnapshotTake(*call))
+        return None if self._reported is None else tuple(self._reported)
 
     def saved_values(self) -> list[tf.Tensor]:
-        """The values held by the last `take()`, in the order of the variables."""
-        values: list[tf.Tensor | None] = [None] * self._size
+        """The values of `variables` held by the last `take()`, in their order."""
+        values: list[tf.Tensor | None] = [None] * self._held
         ops = load_op_library()
         for snapshot_id, indices, dtypes in self._groups:
             for i, value in zip(indices, ops.elastic_variable_snapshot_values(snapshot_id, dtypes)):
                 values[i] = value
-        return values
+        return values[:self._size]
 
 
 class Float64Reader:
@@ -96,8 +115,7 @@ class Float64Reader:
 
     def __init__(self, variable: tf.Variable):
         self._size = int(tf.size(variable))
-        self._snapshot = VariableSnapshot([variable])
-        self._id = self._snapshot._ids[0]
+        self._id = _create(self, [variable])
         self._buffer = (ctypes.c_double * self._size)()
 
     def __call__(self) -> tuple[float, ...]:

@@ -33,7 +33,7 @@ class ReformVote:
         self._wants_reform = wants_reform
         # Running sums [votes, ballots] of the all-reduces that carried a vote:
         # a step only adds to it (no read in the step), a commit reads it from
-        # host memory without an eager op and compares with the previous commit.
+        # host memory (with the state's snapshot) and compares with the previous one.
         with tf.init_scope(), tf.device(f"{device}/device:CPU:0"):
             self.tally = tf.Variable([0.0, 0.0], dtype=tf.float64, trainable=False,
                                      name="reform_vote_tally")
@@ -42,7 +42,7 @@ class ReformVote:
             self._ballot = tf.Variable([0.0, 1.0], dtype=tf.float64, trainable=False,
                                        name="reform_vote_ballot")
         self._ballot_cast = 0.0
-        self._read_tally = Float64Reader(self.tally)
+        self.read_tally = Float64Reader(self.tally)
         self._seen = (0.0, 0.0)
         self._group_key = 0
         self._group_size = 1
@@ -52,7 +52,7 @@ class ReformVote:
         self._group_key = generation * collectives.KEYS_PER_GENERATION + _FALLBACK_GROUP_OFFSET
         self._group_size = group_size
         self._instance_key = 0
-        self._seen = self._read_tally()
+        self._seen = self.read_tally()
         self.cast_ballot()
 
     def cast_ballot(self) -> None:
@@ -71,9 +71,12 @@ class ReformVote:
         with tf.device(self._device):
             self.tally.assign_add(tf.cast(total, tf.float64))
 
-    def outcome(self) -> bool:
-        """At a commit: True on every member when any member voted to re-form since the last one."""
-        votes, ballots = self._read_tally()
+    def outcome(self, tally: tuple[float, ...]) -> bool:
+        """At a commit: True on every member when any member voted to re-form since the last one.
+
+        `tally` is the tally's value read at this commit.
+        """
+        votes, ballots = tally
         seen_votes, seen_ballots = self._seen
         self._seen = (votes, ballots)
         if ballots == seen_ballots:

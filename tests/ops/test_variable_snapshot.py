@@ -55,6 +55,24 @@ def test_sparse_updates_in_copy_on_read_mode_do_not_reach_held_values():
     assert tf.gather(table, [1]).numpy().tolist() == [[2.0, 2.0]]
 
 
+def test_take_returns_the_reported_variable_held_with_the_others():
+    weights = tf.Variable([1.0])
+    tally = tf.Variable([2.0, 3.0], dtype=tf.float64)
+    snapshot = VariableSnapshot([weights], reported=tally)
+    assert snapshot.take() == (2.0, 3.0)
+    tally.assign_add([1.0, 1.0])
+    weights.assign([5.0])
+    assert [v.numpy().tolist() for v in snapshot.saved_values()] == [[1.0]]
+    assert snapshot.take() == (3.0, 4.0)
+    assert VariableSnapshot([weights]).take() is None
+
+
+def test_a_reported_variable_that_is_not_float64_is_a_clear_error():
+    snapshot = VariableSnapshot([tf.Variable(1.0)], reported=tf.Variable([1, 2]))
+    with pytest.raises(SnapshotError, match=r"holds int32\[2\], not float64\[2\]"):
+        snapshot.take()
+
+
 def test_values_before_the_first_take_are_an_error():
     snapshot = VariableSnapshot([tf.Variable(1.0)])
     with pytest.raises(tf.errors.FailedPreconditionError, match="no snapshot has been taken"):
@@ -84,11 +102,11 @@ def test_reading_another_dtype_as_float64_is_a_clear_error():
 def test_unknown_or_released_ids_are_errors_not_crashes():
     c_api = _library()
     with pytest.raises(SnapshotError, match="no variable snapshot with id -5"):
-        _check(c_api.TfeVariableSnapshotTake(-5))
+        _check(c_api.TfeVariableSnapshotTake(-5, -1, None, 0))
     snapshot = VariableSnapshot([tf.Variable(1.0)])
-    snapshot_id, = snapshot._ids
+    (snapshot_id, _, _), = snapshot._groups
     del snapshot  # released when the snapshot object goes away
-    assert c_api.TfeVariableSnapshotTake(snapshot_id) == -1
+    assert c_api.TfeVariableSnapshotTake(snapshot_id, -1, None, 0) == -1
     with pytest.raises(tf.errors.NotFoundError, match="no variable snapshot"):
         load_op_library().elastic_variable_snapshot_values(snapshot_id, [tf.float32])
 
@@ -97,7 +115,7 @@ def test_asking_for_other_dtypes_is_a_clear_error():
     snapshot = VariableSnapshot([tf.Variable(1.0)])
     snapshot.take()
     with pytest.raises(tf.errors.InvalidArgumentError, match="value 0 is float, expected int64"):
-        load_op_library().elastic_variable_snapshot_values(snapshot._ids[0], [tf.int64])
+        load_op_library().elastic_variable_snapshot_values(snapshot._groups[0][0], [tf.int64])
 
 
 _TWO_DEVICES = """
