@@ -34,6 +34,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
             try:
                 result = func(state, *args, **kwargs)
             except MembershipChanged:
+                rt.finish_step_together()
                 if rt.leave_requested:
                     rt.leave("leave requested")
                     raise SystemExit(0)

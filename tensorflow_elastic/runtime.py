@@ -182,6 +182,22 @@ class ElasticRuntime:
                            generation=membership.generation, members=sorted(membership.members),
                            world_size=membership.world_size, chief=membership.chief_id)
 
+    def finish_step_together(self) -> None:
+        """At a planned change: returns once every member has finished the step.
+
+        TensorFlow's collectives pull their buffers from the peers, so a member
+        that left (or updated its server) while a slower one was still pulling
+        the step's last buffers from it would fail that step. A failure while
+        members gather is left to the re-form that follows.
+        """
+        self._reforming.set()
+        try:
+            self.client.barrier(f"change-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+        except GenerationChangedError:
+            logger.info("generation %d ended while its members finished the step", self.generation)
+        finally:
+            self._reforming.clear()
+
     def wants_reform(self) -> bool:
         """This member's vote at a commit: nodes wait to join, it is leaving, or the group changed."""
         world = 0 if self.membership is None else self.membership.world_size

@@ -47,3 +47,41 @@ def test_waiting_nodes_trigger_a_reform_only_below_max_nodes(job):
 def test_a_leave_request_is_a_vote_to_reform(job):
     job.request_leave()
     assert job.wants_reform() and job.leave_requested
+
+
+class _BarrierClient:
+    """Records barriers and whether the runtime was re-forming during each; can fail one."""
+
+    def __init__(self, runtime_of, error=None):
+        self.runtime_of = runtime_of
+        self.error = error
+        self.barriers = []
+
+    def barrier(self, name, timeout):
+        self.barriers.append((name, self.runtime_of()._reforming.is_set()))
+        if self.error is not None:
+            raise self.error
+
+
+def test_a_planned_change_waits_for_every_member_to_finish_the_step():
+    from tensorflow_elastic.rendezvous import Membership
+
+    rt = runtime.ElasticRuntime(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+    rt.client = _BarrierClient(lambda: rt)
+    rt.membership = Membership(0, 7, {0: "a", 1: "b"}, 0)
+    rt.finish_step_together()
+    # Watch-stream news during the barrier must not abort anything or vote again.
+    assert rt.client.barriers == [("change-7", True)]
+    assert not rt._reforming.is_set()
+
+
+def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
+    from tensorflow_elastic.rendezvous import Membership
+    from tensorflow_elastic.rendezvous.errors import GenerationChangedError
+
+    rt = runtime.ElasticRuntime(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+    rt.client = _BarrierClient(lambda: rt, GenerationChangedError("generation 7 ended"))
+    rt.membership = Membership(0, 7, {0: "a", 1: "b"}, 0)
+    rt.finish_step_together()
+    assert rt.client.barriers == [("change-7", True)]
+    assert not rt._reforming.is_set()
