@@ -9,7 +9,6 @@
 
 namespace tensorflow_elastic {
 
-using tensorflow::DataType;
 using tensorflow::mutex;
 using tensorflow::mutex_lock;
 using tensorflow::Tensor;
@@ -19,12 +18,6 @@ using tensorflow::Var;
 VariableSnapshot::VariableSnapshot(std::vector<tensorflow::core::RefCountPtr<Var>> variables,
                                    std::vector<bool> on_host)
     : variables_(std::move(variables)), on_host_(std::move(on_host)) {}
-
-DataType VariableSnapshot::dtype(int index) const {
-  Var* variable = variables_[index].get();
-  tf_shared_lock lock(*variable->mu());
-  return variable->tensor()->dtype();
-}
 
 absl::Status VariableSnapshot::Take() {
   std::vector<Tensor> values(variables_.size());

@@ -30,7 +30,6 @@ class VariableSnapshot {
                    std::vector<bool> on_host);
 
   int size() const { return static_cast<int>(variables_.size()); }
-  tensorflow::DataType dtype(int index) const;
 
   // Holds every variable's current value. Must not run while ops update the
   // variables (a commit runs between steps).
