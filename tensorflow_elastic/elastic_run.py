@@ -21,7 +21,7 @@ MAX_REFORMS_WITHOUT_PROGRESS = 5
 
 
 def run(func: Callable[..., T]) -> Callable[..., T]:
-    """Decorates `func(state, ...)`: sync from the chief, call, and on a fault restore, re-form, retry."""
+    """Decorates `func(state, ...)`: sync, call, and on a fault restore, re-form, retry."""
 
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs) -> T:

@@ -1,8 +1,8 @@
 """What survives a membership change: committed snapshots, restored on failure, synced to newcomers.
 
 A tiny API in the spirit of Horovod's elastic State: `commit()` at step
-boundaries, `restore()` after a failure, `sync()` after every re-form (the
-chief's state goes to everyone), and reset callbacks for what depends on the
+boundaries, `restore()` after a failure, `sync()` after every re-form (the state
+of the member furthest ahead goes to everyone), and reset callbacks for what depends on the
 world size.
 """
 
@@ -53,7 +53,7 @@ class State:
 
     @property
     def commits(self) -> int:
-        """How many commits the job has made (a newcomer takes the chief's count)."""
+        """How many commits the job has made (a newcomer takes the members' count)."""
         return self._commits
 
     def uncommitted_steps(self) -> int:
@@ -100,16 +100,33 @@ class State:
         return vote.read_tally()
 
     def sync(self) -> None:
-        """Makes every member's state the chief's (after a re-form, for newcomers)."""
+        """Makes every member's state that of the member furthest ahead (after every re-form)."""
+        self._sync_values()
+
+    def _sync_values(self) -> int:
+        """Takes the Python values of the member with the most commits; returns that member's id.
+
+        After a crash the step in flight may have finished on some members (their
+        all-reduce completed) and failed on others: taking the state of one that
+        finished it means nobody redoes a finished step. When all members are even
+        it is the chief (the lowest id); a newcomer, with no commits, never is.
+        """
         rt = runtime_lib.current()
-        key = f"state-{rt.generation}"
-        chief = rt.membership.chief_id
-        mine = pickle.dumps((self._values, self._commits)) if rt.node_id == chief else b""
-        values, commits = pickle.loads(rt.client.synchronize(key, mine)[chief])
+        shared = rt.client.synchronize(f"state-{rt.generation}",
+                                       pickle.dumps((self._values, self._commits)))
+        states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
+        source = furthest_ahead({node_id: commits for node_id, (_, commits) in states.items()})
+        values, commits = states[source]
         self._values.update(values)
-        # The commit count is the job's global step count: the chief's is the truth.
+        # The commit count is the job's global step count.
         self._commits = commits
         self.save()
+        return source
+
+
+def furthest_ahead(commits: dict[int, int]) -> int:
+    """The node whose state every member takes at a sync: the most commits, the lowest id on ties."""
+    return max(commits, key=lambda node_id: (commits[node_id], -node_id))
 
 
 # Horovod's name for the state of plain Python objects.
@@ -176,12 +193,11 @@ class TensorFlowState(State):
             self._assign(saved)
 
     def sync(self) -> None:
-        super().sync()
+        source = self._sync_values()
         variables = self._all_variables()
         if variables:
-            rt = runtime_lib.current()
-            values = _broadcast_from_chief([tf.convert_to_tensor(v) for v in variables],
-                                           rt.node_id == rt.membership.chief_id)
+            values = _broadcast_from([tf.convert_to_tensor(v) for v in variables],
+                                     runtime_lib.current().node_id == source)
             self._assign(values)
             self.save()
 
@@ -238,8 +254,8 @@ def _local_copy(variable):
     return variable
 
 
-def _broadcast_from_chief(tensors: list[tf.Tensor], is_chief: bool) -> list[tf.Tensor]:
-    """The chief's tensors on every member, in one all-reduce per dtype."""
+def _broadcast_from(tensors: list[tf.Tensor], is_source: bool) -> list[tf.Tensor]:
+    """The source member's tensors on every member, in one all-reduce per dtype."""
     launcher = _host_launcher()
     by_dtype: dict[tf.DType, list[int]] = {}
     for i, t in enumerate(tensors):
@@ -247,7 +263,7 @@ def _broadcast_from_chief(tensors: list[tf.Tensor], is_chief: bool) -> list[tf.T
     result: list[tf.Tensor | None] = [None] * len(tensors)
     for dtype, indices in by_dtype.items():
         flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
-        if not is_chief:
+        if not is_source:
             flat = tf.zeros_like(flat)
         if dtype == tf.bool:
             summed = tf.cast(launcher.all_reduce(tf.cast(flat, tf.int32)), tf.bool)

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
+from tensorflow_elastic.state import furthest_ahead
 
 
 def test_attributes_roll_back_to_the_last_save():
@@ -83,3 +84,17 @@ def test_a_snapshot_is_not_changed_by_later_in_place_updates():
         weights.assign_sub(tf.ones([64]))
     state.restore()
     assert float(tf.reduce_sum(weights)) == 64.0
+
+
+def test_sync_source_is_the_member_with_the_most_commits():
+    # A survivor whose step finished before a crash has one commit more: it is
+    # the source, so the others do not redo that step.
+    assert furthest_ahead({1: 40, 2: 41, 3: 40}) == 2
+
+
+def test_sync_source_among_even_members_is_the_lowest_id():
+    assert furthest_ahead({3: 40, 2: 40, 5: 40}) == 2
+
+
+def test_newcomer_without_commits_is_never_the_sync_source():
+    assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
