@@ -6,14 +6,16 @@ For each repeat it runs, with --workers local worker processes on 127.0.0.1:
   group of elastic-strategy workers (a commit every step), same model and data,
   both started up front and taking turns in blocks of steps (the order
   alternates): the median over block pairs of the ratio of median step times,
-  so that the drift of a shared machine hits both alike;
+  so that the drift of a shared machine hits both alike; also the ratio of
+  CPU time per worker-step (all threads, from /proc), which scheduling noise
+  disturbs much less than wall time;
 * crash: SIGKILL to one worker; time to the first step of the new generation
   on the survivors, and steps lost (redone);
 * growth: start with workers-1, add one; the longest step gap on existing members;
 * leave: SIGTERM to one worker; the longest step gap on the survivors.
 
 Prints progress, then a table, and as its last line the JSON summary:
-{"overhead_ratio", "recovery_s_median", "growth_pause_s_median",
+{"overhead_ratio", "overhead_cpu_ratio", "recovery_s_median", "growth_pause_s_median",
  "leave_pause_s_median", "lost_steps_max"}.
 """
 
@@ -37,6 +39,7 @@ REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "recovery_worker.py")
 WAIT_S = 180.0
 WARMUP_STEPS = 40
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 sys.path.insert(0, REPO)
 from tensorflow_elastic.events import STATE_RESTORED, read_events  # noqa: E402
@@ -82,6 +85,12 @@ class Process:
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def cpu_seconds(self) -> float:
+        """User plus system CPU time of all the process's threads so far (Linux /proc)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
     def last_step(self) -> int:
         return self.records[-1]["step"] if self.records else 0
@@ -136,27 +145,30 @@ def step_gaps(records: list[dict], since: float) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def run_block(group: list[Process], steps: int, skip: int = 5) -> float:
-    """Runs `steps` more steps on every worker of `group`; the median step time, all workers pooled.
+def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, float]:
+    """Runs `steps` more steps on every worker of `group`: (the median step time, all workers
+    pooled; CPU seconds per worker-step).
 
     The first `skip` intervals of the block (the workers starting at slightly
-    different times) are left out.
+    different times) are left out of the step time.
     """
     first = group[0].last_step()
+    cpu_before = sum(p.cpu_seconds() for p in group)
     for p in group:
         p.send(str(steps))
     for p in group:
         p.wait_for(lambda p=p: p.last_step() >= first + steps, "a block of steps")
+    cpu_per_step = (sum(p.cpu_seconds() for p in group) - cpu_before) / (len(group) * steps)
     gaps = []
     for p in group:
         times = [r["t"] for r in p.records if r["step"] > first][skip:]
         gaps += [b - a for a, b in zip(times, times[1:])]
-    return statistics.median(gaps)
+    return statistics.median(gaps), cpu_per_step
 
 
 def steady_state(workers: int, pairs: int, block_steps: int,
-                 tmp: str) -> list[tuple[float, float]]:
-    """(stock, elastic) median step times of `pairs` pairs of blocks; the groups take turns."""
+                 tmp: str) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """(stock, elastic) run_block() results of `pairs` pairs of blocks; the groups take turns."""
     orchestrator = Orchestrator()
     blocks = ("--blocks",)
     stock = stock_workers(workers, 10**9, blocks)
@@ -168,10 +180,12 @@ def steady_state(workers: int, pairs: int, block_steps: int,
         results = []
         for i in range(pairs):
             if i % 2:
-                elastic_s, stock_s = run_block(elastic, block_steps), run_block(stock, block_steps)
+                elastic_block = run_block(elastic, block_steps)
+                stock_block = run_block(stock, block_steps)
             else:
-                stock_s, elastic_s = run_block(stock, block_steps), run_block(elastic, block_steps)
-            results.append((stock_s, elastic_s))
+                stock_block = run_block(stock, block_steps)
+                elastic_block = run_block(elastic, block_steps)
+            results.append((stock_block, elastic_block))
         for p in stock + elastic:
             p.send("0")
         for p in stock + elastic:
@@ -246,27 +260,30 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each scenario (default 5)")
-    parser.add_argument("--pairs", type=int, default=6,
-                        help="steady state: (stock, elastic) block pairs per repeat (default 6)")
-    parser.add_argument("--block_steps", type=int, default=200,
-                        help="steady state: steps per block (default 200)")
+    parser.add_argument("--pairs", type=int, default=10,
+                        help="steady state: (stock, elastic) block pairs per repeat (default 10)")
+    parser.add_argument("--block_steps", type=int, default=150,
+                        help="steady state: steps per block (default 150)")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
-    results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "crash": [],
+    results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "cpu_ratio": [], "crash": [],
                                 "growth": [], "leave": []}
     with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
         for repeat in range(args.repeats):
             pairs = steady_state(args.workers, args.pairs, args.block_steps, tmp)
-            stock_s = statistics.median(s for s, _ in pairs)
-            elastic_s = statistics.median(e for _, e in pairs)
-            ratios = [e / s for s, e in pairs]
+            stock_s = statistics.median(s for (s, _), _ in pairs)
+            elastic_s = statistics.median(e for _, (e, _) in pairs)
+            ratios = [e / s for (s, _), (e, _) in pairs]
+            cpu_ratios = [e / s for (_, s), (_, e) in pairs]
             results["stock_s"].append(stock_s)
             results["elastic_s"].append(elastic_s)
             results["ratio"].append(statistics.median(ratios))
+            results["cpu_ratio"].append(statistics.median(cpu_ratios))
             print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
                   f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {results['ratio'][-1]:.3f} "
-                  f"(block pairs {min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+                  f"(block pairs {min(ratios):.3f}-{max(ratios):.3f}), CPU per worker-step ratio "
+                  f"{results['cpu_ratio'][-1]:.3f}", flush=True)
             for kind in ("crash", "growth", "leave"):
                 r = disruption(kind, args.workers, tmp, repeat)
                 results[kind].append(r)
@@ -276,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     med = statistics.median
     summary = {
         "overhead_ratio": round(med(results["ratio"]), 4),
+        "overhead_cpu_ratio": round(med(results["cpu_ratio"]), 4),
         "recovery_s_median": round(med(r["recovery_s"] for r in results["crash"]), 4),
         "growth_pause_s_median": round(med(r["pause_s"] for r in results["growth"]), 4),
         "leave_pause_s_median": round(med(r["pause_s"] for r in results["leave"]), 4),
@@ -288,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("stock MWMS step (ms)", [x * 1e3 for x in results["stock_s"]]),
             ("elastic step (ms)", [x * 1e3 for x in results["elastic_s"]]),
             ("overhead ratio", results["ratio"]),
+            ("CPU per worker-step ratio", results["cpu_ratio"]),
             ("crash recovery (s)", [r["recovery_s"] for r in results["crash"]]),
             ("growth pause (s)", [r["pause_s"] for r in results["growth"]]),
             ("leave pause (s)", [r["pause_s"] for r in results["leave"]])]
