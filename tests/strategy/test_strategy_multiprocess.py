@@ -6,6 +6,7 @@ loss falling, and record what happened in the events file.
 """
 
 import signal
+import time
 
 import pytest
 
@@ -78,22 +79,30 @@ def test_sigterm_leaves_at_a_step_boundary_without_rollback(orchestrator, start_
         assert steps == sorted(set(steps)), "a step was redone: the leave rolled back work"
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.3], ids=["at_once", "during_reform"])
-def test_two_members_lost(orchestrator, start_workers, tmp_path, delay):
+@pytest.mark.parametrize("second_kill", ["at_once", "during_reform"])
+def test_two_members_lost(orchestrator, start_workers, tmp_path, wait, second_kill):
     workers = start_workers(orchestrator.endpoint, 4, min_nodes=2, max_nodes=4, steps=STEPS)
     for w in workers:
         w.wait_for_step(10)
     by_id = sorted(workers, key=lambda w: w.node_id)
     victims = [by_id[0], by_id[2]]  # the chief and another member
     victims[0].signal(signal.SIGKILL)
-    if delay:
-        import time
-
-        time.sleep(delay)
+    if second_kill == "during_reform":
+        # A survivor has seen the first failure: the survivors are re-forming.
+        wait(lambda: _read(tmp_path, events.FAILURE_DETECTED), timeout=60, interval=0.005,
+             what="a survivor to detect the first failure")
     victims[1].signal(signal.SIGKILL)
+    second_killed_at = time.time()
     survivors = [w for w in workers if w not in victims]
     _check_finished_together(survivors)
     assert all(w.steps[-1]["world"] == 2 for w in survivors)
+    starts = _read(tmp_path, events.GENERATION_START)
+    last_start = {e["node"]: e for e in starts}
+    victim_ids = {v.node_id for v in victims}
+    assert all(not victim_ids & set(last_start[w.node_id]["members"]) for w in survivors)
+    if second_kill == "during_reform":
+        # The second kill landed before any survivor had started a new generation.
+        assert second_killed_at < min(e["time"] for e in starts)
 
 
 def test_below_min_nodes_fails_clearly(start_orchestrator, start_workers, tmp_path):
