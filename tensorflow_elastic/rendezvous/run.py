@@ -222,15 +222,23 @@ class Run:
 
     async def report_failure(self, node_id: int, generation: int, peers: list[int],
                              reason: str) -> tuple[list[int], list[int]]:
-        """Checks the reported peers; removes those confirmed dead. Returns (confirmed, alive)."""
-        self._check_member(node_id, generation)
-        for peer in peers:
-            if peer == node_id:
-                raise InvalidArgumentError(f"node {node_id} reported itself; use Leave instead")
-            if peer not in self._members:
-                raise InvalidArgumentError(
-                    f"peer {peer} is not a member of generation {generation} (members: "
-                    f"{sorted(self._members)}); report only peers of your generation")
+        """Checks the reported peers; removes those confirmed dead. Returns (confirmed, alive).
+
+        A report made in an ended generation still counts for the peers that
+        are members now: a member that died while the others re-formed is
+        removed at once, not at its heartbeat timeout. The orchestrator's own
+        probe decides, so a stale reporter cannot remove a live node.
+        """
+        if node_id in peers:
+            raise InvalidArgumentError(f"node {node_id} reported itself; use Leave instead")
+        if self._is_current_member(node_id, generation):
+            for peer in peers:
+                if peer not in self._members:
+                    raise InvalidArgumentError(
+                        f"peer {peer} is not a member of generation {generation} (members: "
+                        f"{sorted(self._members)}); report only peers of your generation")
+        else:
+            peers = [peer for peer in peers if peer in self._members]
         self._liveness.touch(node_id, time.monotonic())
         verdicts = await asyncio.gather(*(self._is_dead(peer, self._members[peer])
                                           for peer in peers))
@@ -401,6 +409,15 @@ class Run:
             raise RendezvousError(
                 f"node {node_id} is not a member of generation {generation}; it is waiting to "
                 f"be admitted: join to wait for the next generation", reason=NOT_MEMBER)
+
+    def _is_current_member(self, node_id: int, generation: int) -> bool:
+        """Whether a known node speaks from the current generation (False: from an ended one)."""
+        self._check_not_failed()
+        self._known_node(node_id)
+        if generation < self._generation or self._state != ACTIVE:
+            return False
+        self._check_member(node_id, generation)
+        return True
 
     def _admissible_ids(self) -> list[int]:
         """Waiting nodes the next re-form admits: lowest ids first, up to max_nodes."""

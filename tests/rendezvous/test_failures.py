@@ -93,6 +93,21 @@ def test_report_failure_reforms_at_once(orchestrator, nodes_for):
     assert c.node_id not in a.join(timeout=10).members
 
 
+def test_report_from_an_ended_generation_removes_a_dead_member_at_once(orchestrator, nodes_for):
+    (a, _), (b, _), (c, _) = nodes_for(orchestrator.endpoint).join(3, 2, 3)
+    # a re-joins (the members ended generation 1 at a commit): generation 2 forms
+    # with all three while b, still re-forming, speaks from generation 1.
+    assert a.join(timeout=10).generation == 2
+    assert b.generation == 1
+    # Nothing listens at c's address, so the orchestrator's probe confirms b's late report.
+    assert b.report_failure([c.node_id], "collective failed") == ([c.node_id], [])
+    assert a.heartbeat().generation == 3
+    assert c.node_id not in a.join(timeout=10).members
+    # Reported again once gone: nothing left to check or remove.
+    assert b.report_failure([c.node_id], "collective failed") == ([], [])
+    assert a.heartbeat().generation == 3
+
+
 def test_report_failure_of_live_peer_is_rejected(orchestrator, nodes_for):
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
