@@ -61,8 +61,9 @@ class Process:
     """A child process whose JSON stdout lines are collected with their arrival order."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
+        self._stderr = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, env=env, cwd=REPO)
+                                     stderr=self._stderr, text=True, env=env, cwd=REPO)
         self.records: list[dict] = []
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -79,8 +80,13 @@ class Process:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"timed out waiting for {what}")
             if self.proc.poll() is not None and not predicate():
-                raise RuntimeError(f"process exited ({self.proc.returncode}) before {what}")
+                raise RuntimeError(f"process exited ({self.proc.returncode}) before {what}; "
+                                   f"the end of its stderr:\n{self.stderr_tail()}")
             time.sleep(0.02)
+
+    def stderr_tail(self, lines: int = 20) -> str:
+        self._stderr.seek(0)
+        return "".join(self._stderr.readlines()[-lines:])
 
     def send(self, line: str) -> None:
         self.proc.stdin.write(line + "\n")
