@@ -412,9 +412,9 @@ class Run:
 
     def _is_current_member(self, node_id: int, generation: int) -> bool:
         """Whether a known node speaks from the current generation (False: from an ended one)."""
-        self._check_not_failed()
-        self._known_node(node_id)
         if generation < self._generation or self._state != ACTIVE:
+            self._check_not_failed()
+            self._known_node(node_id)
             return False
         self._check_member(node_id, generation)
         return True
