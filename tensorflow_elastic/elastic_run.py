@@ -9,6 +9,7 @@ from typing import Callable, TypeVar
 from tensorflow_elastic import events
 from tensorflow_elastic import runtime as runtime_lib
 from tensorflow_elastic.errors import ElasticJobFailed, MembershipChanged, is_recoverable
+from tensorflow_elastic.rendezvous.errors import GenerationChangedError
 from tensorflow_elastic.state import State
 
 logger = logging.getLogger(__name__)
@@ -29,15 +30,23 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         rt.enter_training()
         reforms_without_progress = 0
         while True:
-            state.sync()
             commits_before = state.commits
+            in_step = False
             try:
+                state.sync()
+                in_step = True
                 result = func(state, *args, **kwargs)
             except MembershipChanged:
                 rt.finish_step_together()
                 if rt.leave_requested:
                     rt.leave("leave requested")
                     raise SystemExit(0)
+            except GenerationChangedError:
+                if in_step:
+                    raise
+                # A member was lost while the others gathered to sync: nothing ran yet.
+                logger.warning("generation %d ended during the state sync; re-forming",
+                               rt.generation)
             except Exception as error:  # noqa: BLE001 - filtered just below
                 if not is_recoverable(error):
                     raise
@@ -45,7 +54,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 logger.warning("collective failed (%s); re-forming", type(error).__name__)
                 rt.report_failure(error)
                 # The steps finished since the last commit, plus the one in flight.
-                lost_steps = state.uncommitted_steps() + 1
+                lost_steps = state.uncommitted_steps() + 1 if in_step else 0
                 state.restore()
                 rt.events.record(events.STATE_RESTORED, node=rt.node_id, generation=rt.generation,
                                  step=state.commits, lost_steps=lost_steps)

@@ -253,7 +253,11 @@ class ElasticRuntime:
         failed ones when their heartbeats stop.
         """
         self._reforming.set()
-        self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+        try:
+            self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+        except GenerationChangedError:
+            # A member was lost after training: every step is done, nobody pulls buffers now.
+            logger.info("generation %d ended at the exit barrier", self.generation)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation)
         try:
             self.client.leave("job complete")

@@ -101,15 +101,17 @@ class State:
 
     def sync(self) -> None:
         """Makes every member's state that of the member furthest ahead (after every re-form)."""
-        self._sync_values()
+        self._adopt(self._gather_furthest_ahead())
 
-    def _sync_values(self) -> int:
-        """Takes the Python values of the member with the most commits; returns that member's id.
+    def _gather_furthest_ahead(self) -> tuple[int, dict[str, Any], int]:
+        """(source id, its Python values, its commits): the member with the most commits.
 
         After a crash the step in flight may have finished on some members (their
         all-reduce completed) and failed on others: taking the state of one that
         finished it means nobody redoes a finished step. When all members are even
         it is the chief (the lowest id); a newcomer, with no commits, never is.
+        Nothing local changes here, so a sync that fails half-way leaves the last
+        commit intact.
         """
         rt = runtime_lib.current()
         shared = rt.client.synchronize(f"state-{rt.generation}",
@@ -117,11 +119,14 @@ class State:
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
         source = furthest_ahead({node_id: commits for node_id, (_, commits) in states.items()})
         values, commits = states[source]
+        return source, values, commits
+
+    def _adopt(self, gathered: tuple[int, dict[str, Any], int]) -> None:
+        _, values, commits = gathered
         self._values.update(values)
         # The commit count is the job's global step count.
         self._commits = commits
         self.save()
-        return source
 
 
 def furthest_ahead(commits: dict[int, int]) -> int:
@@ -193,13 +198,13 @@ class TensorFlowState(State):
             self._assign(saved)
 
     def sync(self) -> None:
-        source = self._sync_values()
+        gathered = self._gather_furthest_ahead()
         variables = self._all_variables()
         if variables:
             values = _broadcast_from([tf.convert_to_tensor(v) for v in variables],
-                                     runtime_lib.current().node_id == source)
+                                     runtime_lib.current().node_id == gathered[0])
             self._assign(values)
-            self.save()
+        self._adopt(gathered)
 
 
 class KerasState(TensorFlowState):

@@ -204,6 +204,12 @@ class Worker:
     def log_tail(self, lines: int = 40) -> str:
         return "".join(self.output[-lines:])
 
+    def diagnostics(self, records: int = 3) -> str:
+        """Everything it printed but its step records, then its last few records."""
+        other = [line for line in self.output if not line.startswith("{")]
+        last = [line for line in self.output if line.startswith("{")][-records:]
+        return f"exit code {self.proc.poll()}\n" + "".join(other + last)
+
 
 @pytest.fixture
 def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worker]]]:
@@ -223,7 +229,24 @@ def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worke
         started.extend(workers)
         return workers
 
+    start.workers = started
     yield start
     for worker in started:
         worker.signal(signal.SIGKILL)
         worker.proc.wait(timeout=30)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed multi-process test shows what every worker printed, not only the one it named."""
+    outcome = yield
+    report = outcome.get_result()
+    start = getattr(item, "funcargs", {}).get("start_workers")
+    if report.when == "call" and report.failed and start is not None:
+        for worker in start.workers:
+            report.sections.append(
+                (f"worker pid {worker.proc.pid}, node {worker.node_id}", worker.diagnostics()))
+        events_file = item.funcargs["tmp_path"] / "events.jsonl"
+        if events_file.exists():
+            report.sections.append(("last events", "".join(events_file.read_text().splitlines(
+                keepends=True)[-40:])))

@@ -1,12 +1,18 @@
 """State objects in one process: snapshots, rollback, uncommitted steps, reset callbacks.
 
-Commit's vote and sync need a cluster; tests/strategy covers them with real workers.
+Commit's vote and a real sync need a cluster; tests/strategy covers them with
+real workers. Here a fake runtime stands in for the members a sync gathers.
 """
+
+import pickle
+from types import SimpleNamespace
 
 import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
+from tensorflow_elastic import runtime as runtime_lib
+from tensorflow_elastic import state as state_lib
 from tensorflow_elastic.state import furthest_ahead
 
 
@@ -98,3 +104,39 @@ def test_sync_source_among_even_members_is_the_lowest_id():
 
 def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
+
+
+def _members_ahead(monkeypatch, broadcast):
+    """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast` stands in
+    for the collective that sends node 0's variables."""
+    ahead = pickle.dumps(({"step": 7}, 7))
+    client = SimpleNamespace(synchronize=lambda key, blob: {0: ahead, 1: blob})
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(generation=2, node_id=1, client=client))
+    monkeypatch.setattr(state_lib, "_broadcast_from", broadcast)
+
+
+def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=3)
+    _members_ahead(monkeypatch, lambda tensors, is_source: [tf.constant([5.0])])
+    state.sync()
+    assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [5.0])
+    weights.assign([0.0])
+    state.restore()
+    assert weights.numpy().tolist() == [5.0]
+
+
+def test_a_sync_that_fails_in_the_broadcast_changes_nothing(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=3)
+
+    def peer_lost(tensors, is_source):
+        raise tf.errors.UnavailableError(None, None, "peer lost")
+
+    _members_ahead(monkeypatch, peer_lost)
+    with pytest.raises(tf.errors.UnavailableError):
+        state.sync()
+    state.restore()
+    # Taking node 0's step without its variables would skip a step's samples.
+    assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])

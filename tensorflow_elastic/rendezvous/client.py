@@ -10,6 +10,7 @@ Errors come back as the :mod:`~tensorflow_elastic.rendezvous.errors` classes.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -24,6 +25,8 @@ from tensorflow_elastic.rendezvous.errors import (
     REASON_METADATA_KEY, RendezvousError, error_from_status)
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, RunStatus)
+
+logger = logging.getLogger(__name__)
 
 # Extra time the transport deadline gets over a server-side wait, so the
 # server's explanation (who is missing) arrives before the transport gives up.
@@ -281,7 +284,10 @@ class _Heartbeats:
                 return  # removed, run failed, ...: more heartbeats cannot help
             self.error = None
             if self._on_reply is not None:
-                self._on_reply(info)
+                try:
+                    self._on_reply(info)
+                except Exception:  # noqa: BLE001 - a listener's bug must not silence the node
+                    logger.exception("heartbeat listener failed; heartbeats go on")
 
     def stop(self) -> None:
         self._stop.set()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -167,3 +168,22 @@ def test_leave_is_recorded_and_idempotent(start_orchestrator, nodes_for, tmp_pat
     [left] = list(read_events(str(events_file), "node_left"))
     assert left["node"] == b.node_id and "preempted" in left["reason"]
     assert not list(read_events(str(events_file), "failure_detected"))
+
+
+def test_a_failing_heartbeat_listener_does_not_stop_the_heartbeats(start_orchestrator,
+                                                                   nodes_for):
+    server = start_orchestrator(heartbeat_timeout=1.5)
+    nodes = nodes_for(server.endpoint)
+    [(a, _)] = nodes.join(1, 1, 1, heartbeat=None)
+    replies = []
+
+    def broken_listener(info):
+        replies.append(info)
+        raise RuntimeError("listener bug")
+
+    a.start_heartbeats(0.2, broken_listener)
+    time.sleep(3 * 1.5)
+    assert len(replies) > 10
+    assert a.heartbeat_error is None
+    [run] = a.status()
+    assert [n.node_id for n in run.nodes if n.role == "member"] == [a.node_id]

@@ -2,7 +2,9 @@
 
 Prints one JSON line per committed step ({"node", "step", "loss", "world",
 "generation", "checksum"}) and a final {"done": ...} line. Settings come from
-the launcher-style environment (TFE_*) and argv: steps, sleep per step.
+the launcher-style environment (TFE_*) and argv: steps, sleep per step, and a
+pause before training (printing {"paused": ...} first) that keeps the others
+waiting in the first state sync.
 """
 
 import json
@@ -18,6 +20,7 @@ from tensorflow_elastic import ops
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 60
 STEP_SLEEP_S = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
+PAUSE_BEFORE_TRAIN_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
 GLOBAL_BATCH = 12
 FEATURES = 8
 
@@ -83,6 +86,9 @@ def train(state):
         state.commit()
 
 
+if PAUSE_BEFORE_TRAIN_S:
+    print(json.dumps({"paused": True, "node": runtime.node_id}), flush=True)
+    time.sleep(PAUSE_BEFORE_TRAIN_S)
 train(state)
 print(json.dumps({"done": True, "node": runtime.node_id, "traces": len(traces),
                   "weights": [float(v) for v in tf.reshape(weights.read_value(), [-1])]

@@ -11,6 +11,8 @@ import time
 import pytest
 
 from tensorflow_elastic import events
+from tensorflow_elastic.rendezvous import Client
+from tensorflow_elastic.rendezvous.errors import RendezvousError
 
 pytestmark = pytest.mark.multiprocess
 
@@ -104,6 +106,34 @@ def test_two_members_lost(orchestrator, start_workers, tmp_path, wait, second_ki
     if second_kill == "during_reform":
         # The second kill landed before any survivor had started a new generation.
         assert second_killed_at < min(e["time"] for e in starts if e["time"] > first_killed_at)
+
+
+def test_member_lost_while_the_others_wait_in_the_first_sync(orchestrator, start_workers,
+                                                            tmp_path, wait):
+    """The others block in the state sync (it needs every member) until the lost one is removed."""
+    straggler = start_workers(orchestrator.endpoint, 1, min_nodes=2, max_nodes=3,
+                              args=[str(STEPS), "0.05", "600"])[0]
+    wait(lambda: _run_exists(orchestrator.endpoint), timeout=60,
+         what="the straggler to join first, so that it is in the first generation")
+    workers = start_workers(orchestrator.endpoint, 2, min_nodes=2, max_nodes=3, steps=STEPS)
+    wait(lambda: straggler.records, timeout=120, what="the straggler to pause before training")
+    straggler.signal(signal.SIGKILL)
+    _check_finished_together(workers)
+    joined = _read(tmp_path, events.RENDEZVOUS_COMPLETE)
+    with_straggler = [e["generation"] for e in joined if straggler.node_id in e["members"]]
+    assert with_straggler, joined
+    for w in workers:
+        assert w.steps[-1]["world"] == 2
+        assert all(r["generation"] > max(with_straggler) for r in w.steps)
+        assert [r["step"] for r in w.steps] == list(range(1, STEPS + 1)), "a step was redone"
+    assert _read(tmp_path, events.STATE_RESTORED) == []
+
+
+def _run_exists(endpoint):
+    try:
+        return Client(endpoint, "job").status()
+    except RendezvousError:
+        return None
 
 
 def test_below_min_nodes_fails_clearly(start_orchestrator, start_workers, tmp_path):
