@@ -59,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe_timeout", type=float, default=defaults.probe_timeout,
                    help="seconds to try to connect to a reported peer's address before it is "
                    "confirmed failed (default: %(default)s)")
+    p.add_argument("--watch_loss_grace", type=float, default=defaults.watch_loss_grace,
+                   help="seconds a member whose watch stream broke (its process died, most "
+                   "likely) may stay silent before it is declared failed, instead of "
+                   "--heartbeat_timeout; keep it above the members' heartbeat interval "
+                   "(default: %(default)s)")
     p.add_argument("--blocklist_after", type=int, default=defaults.blocklist_after,
                    help="failures of one address before it is blocked (default: %(default)s)")
     p.add_argument("--blocklist_cooldown", type=float, default=defaults.blocklist_cooldown,
@@ -81,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls_cert and --tls_key go together")
-    for flag in ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "blocklist_cooldown",
-                 "blocklist_max_cooldown"):
+    for flag in ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "watch_loss_grace",
+                 "blocklist_cooldown", "blocklist_max_cooldown"):
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag} must be > 0")
     if args.last_call < 0:
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = RunSettings(
         heartbeat_timeout=args.heartbeat_timeout, last_call=args.last_call,
         below_min_timeout=args.below_min_timeout, probe_timeout=args.probe_timeout,
-        blocklist_after=args.blocklist_after, blocklist_cooldown=args.blocklist_cooldown,
+        watch_loss_grace=args.watch_loss_grace, blocklist_after=args.blocklist_after, blocklist_cooldown=args.blocklist_cooldown,
         blocklist_max_cooldown=args.blocklist_max_cooldown, max_value_bytes=args.max_value_bytes)
     server = Orchestrator(args.host, args.port, state_dir=args.state_dir, token=token,
                           tls_cert=args.tls_cert, tls_key=args.tls_key,

@@ -50,6 +50,7 @@ class RunSettings:
     last_call: float = 2.0
     below_min_timeout: float = 300.0
     probe_timeout: float = 1.0
+    watch_loss_grace: float = 2.0
     blocklist_after: int = 2
     blocklist_cooldown: float = 10.0
     blocklist_max_cooldown: float = 600.0
@@ -113,6 +114,9 @@ class Run:
         self._formed = asyncio.Event()
         self._timer_wake = asyncio.Event()
         self._timer: asyncio.Task | None = None
+        # Open watch streams per node, and when a member's last one broke.
+        self._watches: collections.Counter[int] = collections.Counter()
+        self._watch_lost_at: dict[int, float] = {}
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -203,22 +207,60 @@ class Run:
                              waiting=self._admissible(), removed=self._removed_since(generation),
                              member=member, queued=len(self._waiting))
 
-    async def watch(self) -> AsyncIterator[MembershipUpdate]:
+    async def watch(self, node_id: int | None = None) -> AsyncIterator[MembershipUpdate]:
         """Yields the current membership, then the latest one after each change.
 
         Bursts of changes coalesce into one update, so a slow watcher never
-        falls behind. Ends after the run fails.
+        falls behind. Ends after the run fails. A member's broken stream is a
+        hint that its process is gone (see `_watch_ended`).
         """
-        sent = -1
-        while True:
-            changed = self._changed
-            if self._version != sent:
-                sent = self._version
-                yield self.update()
-                if self._state == FAILED:
-                    return
-                continue
-            await changed.wait()
+        if node_id is not None:
+            self._watches[node_id] += 1
+            self._watch_lost_at.pop(node_id, None)
+        try:
+            sent = -1
+            while True:
+                changed = self._changed
+                if self._version != sent:
+                    sent = self._version
+                    yield self.update()
+                    if self._state == FAILED:
+                        return
+                    continue
+                await changed.wait()
+        finally:
+            if node_id is not None:
+                self._watch_ended(node_id)
+
+    def _watch_ended(self, node_id: int) -> None:
+        """A process that dies closes its connection, and its watch breaks at once.
+
+        A live one sends its next heartbeat (or watches again) within its
+        heartbeat interval; a member that does neither for `watch_loss_grace`
+        after its watch broke is removed then, not at its heartbeat timeout:
+        members blocked in a barrier or a sync with it stop waiting sooner.
+        """
+        self._watches[node_id] -= 1
+        if self._watches[node_id] > 0:
+            return
+        del self._watches[node_id]
+        if self._state == ACTIVE and node_id in self._members:
+            self._watch_lost_at[node_id] = time.monotonic()
+            self._timer_wake.set()
+
+    def _check_lost_watches(self, now: float) -> None:
+        grace = self.settings.watch_loss_grace
+        gone = []
+        for node_id, lost_at in list(self._watch_lost_at.items()):
+            heard_since = self._liveness.silent_for(node_id, now) < now - lost_at
+            if heard_since or node_id not in self._members:
+                del self._watch_lost_at[node_id]
+            elif now - lost_at >= grace:
+                del self._watch_lost_at[node_id]
+                gone.append(node_id)
+        if gone:
+            self._remove(gone, f"its connection closed and it sent nothing for {grace:g} s",
+                         failed=True)
 
     async def report_failure(self, node_id: int, generation: int, peers: list[int],
                              reason: str) -> tuple[list[int], list[int]]:
@@ -590,6 +632,7 @@ class Run:
             if oldest is not None:
                 due.append(oldest[1] + self.settings.heartbeat_timeout)
             due += [t for t in (self._last_call_at, self._below_min_at) if t is not None]
+            due += [t + self.settings.watch_loss_grace for t in self._watch_lost_at.values()]
             self._timer_wake.clear()
             await _wait(self._timer_wake, max(0.0, min(due) - now) + 0.001)
 
@@ -598,6 +641,8 @@ class Run:
         if silent:
             self._remove(silent, f"no heartbeat for {self.settings.heartbeat_timeout:g} s",
                          failed=True)
+        if self._state == ACTIVE:
+            self._check_lost_watches(now)
         if self._state == FORMING and self._below_min_at is not None and now >= self._below_min_at:
             self._fail(f"{self._reason}, and not enough nodes came back within "
                        f"{self.settings.below_min_timeout:g} s (--below_min_timeout); restart "

@@ -176,7 +176,8 @@ class RendezvousService:
             self._metrics.rpc_done("Watch", e.code.name)
             await _abort(context, e)
         self._metrics.rpc_done("Watch", "OK")
-        async for update in run.watch():
+        node_id = request.node_id if request.HasField("node_id") else None
+        async for update in run.watch(node_id):
             yield self._update(run, update)
 
     def _update(self, run: Run, update: MembershipUpdate) -> bytes:

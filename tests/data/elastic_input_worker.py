@@ -2,7 +2,9 @@
 
 Every step prints {"node", "generation", "step", "ids"} (the element ids this
 worker trained on) and the end prints {"done", "weights"}. argv: elements,
-global batch size, sleep per step.
+global batch size, sleep per step, and the sleep per step in the first
+generation (slower, so that a newcomer's start-up on a slow machine cannot
+outlast the job).
 """
 
 import json
@@ -17,6 +19,7 @@ import tensorflow_elastic as tfe
 ELEMENTS = int(sys.argv[1])
 GLOBAL_BATCH = int(sys.argv[2])
 STEP_SLEEP_S = float(sys.argv[3])
+FIRST_GENERATION_STEP_SLEEP_S = float(sys.argv[4]) if len(sys.argv) > 4 else STEP_SLEEP_S
 STEPS = ELEMENTS // GLOBAL_BATCH
 LEARNING_RATE = 0.1
 TRUE_WEIGHTS = [0.5, -1.0, 2.0, 0.25]
@@ -59,7 +62,7 @@ def train(state):
         state.step += 1
         print(json.dumps({"node": runtime.node_id, "generation": runtime.generation,
                           "step": state.step, "ids": [int(i) for i in ids.numpy()]}), flush=True)
-        time.sleep(STEP_SLEEP_S)
+        time.sleep(FIRST_GENERATION_STEP_SLEEP_S if runtime.generation == 1 else STEP_SLEEP_S)
         state.commit()
 
 

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.multiprocess
 ELEMENTS = 600
 GLOBAL_BATCH = 6
 STEPS = ELEMENTS // GLOBAL_BATCH
-ARGS = [str(ELEMENTS), str(GLOBAL_BATCH), "0.05"]
+# 0.25 s per step until the newcomer is in: its start-up has about 20 s before the job ends.
+ARGS = [str(ELEMENTS), str(GLOBAL_BATCH), "0.05", "0.25"]
 
 
 def _reference_weights():

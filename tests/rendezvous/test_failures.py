@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 
+import grpc
 import pytest
 
 from tensorflow_elastic.events import read_events
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import BlocklistedError, NodeRemovedError, RunFailedError
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
 
@@ -187,3 +192,52 @@ def test_a_failing_heartbeat_listener_does_not_stop_the_heartbeats(start_orchest
     assert a.heartbeat_error is None
     [run] = a.status()
     assert [n.node_id for n in run.nodes if n.role == "member"] == [a.node_id]
+
+
+# A node in its own process: joins, heartbeats, watches; killed by the test.
+_WATCHING_NODE = """
+import sys
+from tensorflow_elastic.rendezvous import Client
+client = Client(sys.argv[1], "job")
+client.join("127.0.0.1:20950", 2, 3, timeout=30)
+client.start_heartbeats(0.3)
+for update in client.watch():
+    print(update.membership.generation, flush=True)
+"""
+
+
+def test_a_killed_member_whose_watch_broke_is_removed_before_its_heartbeat_timeout(
+        start_orchestrator, nodes_for, subprocess_env, wait, tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    # The generation forms when all three have joined (max_nodes), never without the process.
+    server = start_orchestrator("--events_file", str(events_file), "--watch_loss_grace", "1",
+                                heartbeat_timeout=120, last_call=120)
+    members, joining = nodes_for(server.endpoint).join_async(2, 2, 3)
+    node = subprocess.Popen([sys.executable, "-c", _WATCHING_NODE, server.endpoint],
+                            stdout=subprocess.PIPE, text=True, env=subprocess_env)
+    try:
+        for future in joining:
+            future.result(timeout=60)
+        member = members[0]
+        assert node.stdout.readline().strip() == "1"  # it watches generation 1
+        node.kill()
+        node.wait(timeout=30)
+        wait(lambda: member.heartbeat().generation == 2, timeout=30,
+             what="the killed node's removal")
+    finally:
+        node.kill()
+        node.wait(timeout=30)
+    [failure] = read_events(str(events_file), "failure_detected")
+    assert "connection closed" in failure["cause"], failure
+
+
+def test_a_live_member_whose_watch_broke_stays(start_orchestrator, nodes_for):
+    server = start_orchestrator("--watch_loss_grace", "0.5", heartbeat_timeout=120)
+    [(a, _), (b, _)] = nodes_for(server.endpoint).join(2, 2, 2, heartbeat=0.1)
+    stream = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint)).Watch(
+        pb.WatchRequest(run_id="job", node_id=b.node_id))
+    assert next(stream).membership.generation == 1
+    stream.cancel()
+    time.sleep(2.0)
+    assert a.heartbeat().generation == 1
+    assert b.heartbeat().member

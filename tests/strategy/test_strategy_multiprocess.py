@@ -64,6 +64,21 @@ def test_survivors_reform_in_process_after_a_kill(orchestrator, start_workers, t
     assert {e["node"] for e in restored} == {w.node_id for w in survivors}
 
 
+def test_a_hung_member_is_removed_and_the_others_go_on(orchestrator, start_workers, tmp_path):
+    """SIGSTOP: the member's connections stay open, so only its silence gives it away."""
+    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=STEPS)
+    for w in workers:
+        w.wait_for_step(10)
+    hung = _node(workers, max(w.node_id for w in workers))
+    hung.signal(signal.SIGSTOP)
+    survivors = [w for w in workers if w is not hung]
+    _check_finished_together(survivors)
+    assert all(w.steps[-1]["world"] == 2 for w in survivors)
+    assert hung.proc.poll() is None  # still stopped: the survivors went on without it
+    last_start = {e["node"]: e for e in _read(tmp_path, events.GENERATION_START)}
+    assert all(hung.node_id not in last_start[w.node_id]["members"] for w in survivors)
+
+
 def test_sigterm_leaves_at_a_step_boundary_without_rollback(orchestrator, start_workers, tmp_path):
     workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=STEPS)
     for w in workers:
