@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tensorflow_elastic import events
+from tensorflow_elastic.agent import ports
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous import Client
@@ -51,21 +52,17 @@ _runtime: "ElasticRuntime | None" = None
 _runtime_lock = threading.Lock()
 
 
-def _free_address(host: str = "127.0.0.1") -> str:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return f"{host}:{s.getsockname()[1]}"
-
-
 class ElasticRuntime:
     """The membership of this process and the re-form protocol it follows."""
 
     def __init__(self, client: Client, address: str, min_nodes: int, max_nodes: int,
-                 join_timeout: float = DEFAULT_JOIN_TIMEOUT_S):
+                 join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
+                 address_reservation: socket.socket | None = None):
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}:{max_nodes}")
         self.client = client
         self.address = address
+        self._address_reservation = address_reservation
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
         self.join_timeout = join_timeout
@@ -125,6 +122,12 @@ class ElasticRuntime:
         if self.standby:
             return self.node_id, {self.node_id: self.address}, 0
         return self.node_id, dict(self.membership.members), self.membership.generation
+
+    def release_address(self) -> None:
+        """Frees this node's port for its TensorFlow server, which binds it next."""
+        if self._address_reservation is not None:
+            self._address_reservation.close()
+            self._address_reservation = None
 
     def attach_strategy(self, strategy: "ElasticMultiWorkerMirroredStrategy") -> None:
         if self.strategy is not None and self.strategy is not strategy:
@@ -330,12 +333,16 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
                 f"tensorflow_elastic.init(endpoint='HOST:PORT'), or set {ENDPOINT_ENV}")
         run_id = run_id or os.environ.get(RUN_ID_ENV, "default")
         token = token or os.environ.get(TOKEN_ENV) or None
-        address = address or os.environ.get(ADDRESS_ENV) or _free_address()
+        address = address or os.environ.get(ADDRESS_ENV)
+        reservation = None
+        if not address:
+            reservation = ports.reserve_port("127.0.0.1")
+            address = ports.format_address("127.0.0.1", reservation.getsockname()[1])
         min_nodes = min_nodes or int(os.environ.get(MIN_NODES_ENV, "1"))
         max_nodes = max_nodes or int(os.environ.get(MAX_NODES_ENV, str(max(min_nodes, 1))))
         join_timeout = float(os.environ.get(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S))
         runtime = ElasticRuntime(Client(endpoint, run_id, token), address, min_nodes, max_nodes,
-                                 join_timeout)
+                                 join_timeout, address_reservation=reservation)
         runtime.start()
         _runtime = runtime
         return runtime

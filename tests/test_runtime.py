@@ -1,8 +1,11 @@
 """The runtime's checks that need no cluster (a stand-in client; the rest runs in tests/strategy)."""
 
+import socket
+
 import pytest
 
 from tensorflow_elastic import runtime
+from tensorflow_elastic.agent import ports
 
 
 class _UnusedClient:
@@ -85,3 +88,15 @@ def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
     rt.finish_step_together()
     assert rt.client.barriers == [("change-7", True)]
     assert not rt._reforming.is_set()
+
+
+def test_the_reserved_port_is_held_until_the_server_takes_it():
+    reservation = ports.reserve_port("127.0.0.1")
+    port = reservation.getsockname()[1]
+    rt = runtime.ElasticRuntime(_UnusedClient(), f"127.0.0.1:{port}", min_nodes=1, max_nodes=1,
+                                address_reservation=reservation)
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))
+    rt.release_address()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))

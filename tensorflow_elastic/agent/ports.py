@@ -12,6 +12,20 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def reserve_port(host: str) -> socket.socket:
+    """A listening socket on a free port, to close right before the worker's server binds it.
+
+    A port that was only checked free can be taken by any connection's
+    ephemeral port in the seconds before TensorFlow binds it (the server then
+    fails with "Could not start gRPC server"). Held open, it cannot; and probes
+    of the node's address find it alive while it starts.
+    """
+    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    s.bind((host, 0))
+    s.listen()
+    return s
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:

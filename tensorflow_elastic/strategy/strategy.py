@@ -156,6 +156,7 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
             communication_options = collective_util.Options()
         elastic = runtime.ensure_initialized(min_nodes=min_nodes, max_nodes=max_nodes)
         node_id, members, generation = elastic.initial_cluster()
+        elastic.release_address()  # the server below binds it at once
         extended = ElasticExtended(self, node_id, members, generation, communication_options,
                                    elastic.wants_reform)
         distribute_lib.Strategy.__init__(self, extended)
