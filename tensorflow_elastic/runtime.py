@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from tensorflow_elastic import events
 from tensorflow_elastic.agent import ports
+from tensorflow_elastic.agent.spec import parse_endpoint
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous import Client
@@ -318,6 +319,20 @@ class ElasticRuntime:
             raise ElasticJobFailed(self._failure_reason)
 
 
+def _reserve(address: str | None) -> socket.socket:
+    """Holds this node's port (a free one without `address`) until its server binds it."""
+    if not address:
+        return ports.reserve_port("127.0.0.1")
+    host, port = parse_endpoint(address)
+    try:
+        return ports.reserve_port(host, port)
+    except OSError as e:
+        raise ElasticJobFailed(
+            f"this node's address {address} cannot be used: port {port} is taken ({e.strerror}); "
+            f"give the node a free port ({ADDRESS_ENV}, init(address=...)) or leave it out to "
+            f"get one") from None
+
+
 def init(endpoint: str | None = None, run_id: str | None = None, token: str | None = None,
          address: str | None = None, min_nodes: int | None = None,
          max_nodes: int | None = None) -> ElasticRuntime:
@@ -334,9 +349,8 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
         run_id = run_id or os.environ.get(RUN_ID_ENV, "default")
         token = token or os.environ.get(TOKEN_ENV) or None
         address = address or os.environ.get(ADDRESS_ENV)
-        reservation = None
+        reservation = _reserve(address)
         if not address:
-            reservation = ports.reserve_port("127.0.0.1")
             address = ports.format_address("127.0.0.1", reservation.getsockname()[1])
         min_nodes = min_nodes or int(os.environ.get(MIN_NODES_ENV, "1"))
         max_nodes = max_nodes or int(os.environ.get(MAX_NODES_ENV, str(max(min_nodes, 1))))

@@ -5,6 +5,7 @@ import socket
 import pytest
 
 from tensorflow_elastic import runtime
+from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.agent import ports
 
 
@@ -100,3 +101,13 @@ def test_the_reserved_port_is_held_until_the_server_takes_it():
     rt.release_address()
     with socket.socket() as server:
         server.bind(("127.0.0.1", port))
+
+
+def test_a_given_address_whose_port_is_taken_fails_at_init_with_the_fix(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        monkeypatch.setattr(runtime, "_runtime", None)
+        with pytest.raises(ElasticJobFailed, match=f"{address} cannot be used.*free port"):
+            runtime.init(endpoint="127.0.0.1:1", address=address)

@@ -12,17 +12,24 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def reserve_port(host: str) -> socket.socket:
-    """A listening socket on a free port, to close right before the worker's server binds it.
+def reserve_port(host: str, port: int = 0) -> socket.socket:
+    """A listening socket on ``port`` (0: a free one), to close right before the worker's
+    TensorFlow server binds the port.
 
     A port that was only checked free can be taken by any connection's
     ephemeral port in the seconds before TensorFlow binds it (the server then
     fails with "Could not start gRPC server"). Held open, it cannot; and probes
-    of the node's address find it alive while it starts.
+    of the node's address find it alive while it starts. Bound on every
+    interface, as TensorFlow's server is. Raises OSError if the port is in use.
     """
-    s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    s.bind((host, 0))
-    s.listen()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    s = socket.socket(family)
+    try:
+        s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+        s.listen()
+    except OSError:
+        s.close()
+        raise
     return s
 
 
