@@ -112,10 +112,10 @@ class Process:
 
 
 class Orchestrator(Process):
-    def __init__(self):
+    def __init__(self, heartbeat_timeout: float = 5.0):
         super().__init__([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host",
                           "127.0.0.1", "--port", "0", "--last_call", "0.5",
-                          "--heartbeat_timeout", "5"], _env({}))
+                          "--heartbeat_timeout", str(heartbeat_timeout)], _env({}))
         deadline = time.monotonic() + 60
         while True:
             line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))

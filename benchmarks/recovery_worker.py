@@ -26,6 +26,9 @@ parser.add_argument("--global_batch", type=int, default=48)
 parser.add_argument("--backup_dir", help="mwms mode: resume from and save checkpoints here")
 parser.add_argument("--save_every", type=int, default=10, help="mwms mode: steps between saves")
 parser.add_argument("--blocks", action="store_true", help="run blocks of steps read from stdin")
+parser.add_argument("--pause_before_training", type=float, default=0.0,
+                    help="elastic mode: print {\"paused\": node} and sleep this long before "
+                    "training (the other members wait for it in the first state sync)")
 args = parser.parse_args()
 
 import numpy as np  # noqa: E402
@@ -137,6 +140,9 @@ else:
             if state.step == end:
                 end = block_end(state.step)
 
+    if args.pause_before_training:
+        print(json.dumps({"paused": runtime.node_id}), flush=True)
+        time.sleep(args.pause_before_training)
     train(state)
 sys.stdout.flush()
 os._exit(0)
