@@ -319,13 +319,14 @@ class ElasticRuntime:
             raise ElasticJobFailed(self._failure_reason)
 
 
-def _reserve(address: str | None) -> socket.socket:
-    """Holds this node's port (a free one without `address`) until its server binds it."""
+def _reserve(address: str | None) -> tuple[str, socket.socket]:
+    """(address, its held port): `address`, or a free loopback one; held until the server binds."""
     if not address:
-        return ports.reserve_port("127.0.0.1")
+        reservation = ports.reserve_port("127.0.0.1")
+        return ports.format_address("127.0.0.1", reservation.getsockname()[1]), reservation
     host, port = parse_endpoint(address)
     try:
-        return ports.reserve_port(host, port)
+        return address, ports.reserve_port(host, port)
     except OSError as e:
         raise ElasticJobFailed(
             f"this node's address {address} cannot be used: port {port} is taken ({e.strerror}); "
@@ -348,10 +349,7 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
                 f"tensorflow_elastic.init(endpoint='HOST:PORT'), or set {ENDPOINT_ENV}")
         run_id = run_id or os.environ.get(RUN_ID_ENV, "default")
         token = token or os.environ.get(TOKEN_ENV) or None
-        address = address or os.environ.get(ADDRESS_ENV)
-        reservation = _reserve(address)
-        if not address:
-            address = ports.format_address("127.0.0.1", reservation.getsockname()[1])
+        address, reservation = _reserve(address or os.environ.get(ADDRESS_ENV))
         min_nodes = min_nodes or int(os.environ.get(MIN_NODES_ENV, "1"))
         max_nodes = max_nodes or int(os.environ.get(MAX_NODES_ENV, str(max(min_nodes, 1))))
         join_timeout = float(os.environ.get(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S))

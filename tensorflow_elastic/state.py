@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import pickle
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
 # Values a commit can keep as they are: copying them would only cost time.
 _IMMUTABLE_TYPES = (int, float, bool, str, bytes, type(None))
+
+
+class _Furthest(NamedTuple):
+    """What a sync takes from the member furthest ahead."""
+
+    source: int
+    values: dict[str, Any]
+    commits: int
 
 
 def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -103,8 +111,8 @@ class State:
         """Makes every member's state that of the member furthest ahead (after every re-form)."""
         self._adopt(self._gather_furthest_ahead())
 
-    def _gather_furthest_ahead(self) -> tuple[int, dict[str, Any], int]:
-        """(source id, its Python values, its commits): the member with the most commits.
+    def _gather_furthest_ahead(self) -> _Furthest:
+        """The id, Python values and commits of the member with the most commits.
 
         After a crash the step in flight may have finished on some members (their
         all-reduce completed) and failed on others: taking the state of one that
@@ -118,14 +126,12 @@ class State:
                                        pickle.dumps((self._values, self._commits)))
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
         source = furthest_ahead({node_id: commits for node_id, (_, commits) in states.items()})
-        values, commits = states[source]
-        return source, values, commits
+        return _Furthest(source, *states[source])
 
-    def _adopt(self, gathered: tuple[int, dict[str, Any], int]) -> None:
-        _, values, commits = gathered
-        self._values.update(values)
+    def _adopt(self, furthest: _Furthest) -> None:
+        self._values.update(furthest.values)
         # The commit count is the job's global step count.
-        self._commits = commits
+        self._commits = furthest.commits
         self.save()
 
 
@@ -198,13 +204,13 @@ class TensorFlowState(State):
             self._assign(saved)
 
     def sync(self) -> None:
-        gathered = self._gather_furthest_ahead()
+        furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
         if variables:
             values = _broadcast_from([tf.convert_to_tensor(v) for v in variables],
-                                     runtime_lib.current().node_id == gathered[0])
+                                     runtime_lib.current().node_id == furthest.source)
             self._assign(values)
-        self._adopt(gathered)
+        self._adopt(furthest)
 
 
 class KerasState(TensorFlowState):

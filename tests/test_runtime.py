@@ -5,8 +5,10 @@ import socket
 import pytest
 
 from tensorflow_elastic import runtime
-from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.agent import ports
+from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic.rendezvous import Membership
+from tensorflow_elastic.rendezvous.errors import GenerationChangedError
 
 
 class _UnusedClient:
@@ -67,12 +69,15 @@ class _BarrierClient:
             raise self.error
 
 
-def test_a_planned_change_waits_for_every_member_to_finish_the_step():
-    from tensorflow_elastic.rendezvous import Membership
-
+def _member_of_generation_7(barrier_error=None):
     rt = runtime.ElasticRuntime(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
-    rt.client = _BarrierClient(lambda: rt)
+    rt.client = _BarrierClient(lambda: rt, barrier_error)
     rt.membership = Membership(0, 7, {0: "a", 1: "b"}, 0)
+    return rt
+
+
+def test_a_planned_change_waits_for_every_member_to_finish_the_step():
+    rt = _member_of_generation_7()
     rt.finish_step_together()
     # Watch-stream news during the barrier must not abort anything or vote again.
     assert rt.client.barriers == [("change-7", True)]
@@ -80,12 +85,7 @@ def test_a_planned_change_waits_for_every_member_to_finish_the_step():
 
 
 def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
-    from tensorflow_elastic.rendezvous import Membership
-    from tensorflow_elastic.rendezvous.errors import GenerationChangedError
-
-    rt = runtime.ElasticRuntime(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
-    rt.client = _BarrierClient(lambda: rt, GenerationChangedError("generation 7 ended"))
-    rt.membership = Membership(0, 7, {0: "a", 1: "b"}, 0)
+    rt = _member_of_generation_7(GenerationChangedError("generation 7 ended"))
     rt.finish_step_together()
     assert rt.client.barriers == [("change-7", True)]
     assert not rt._reforming.is_set()

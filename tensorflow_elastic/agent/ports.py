@@ -5,9 +5,13 @@ from __future__ import annotations
 import socket
 
 
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
 def free_port(host: str) -> int:
     """A port that is free on ``host`` right now (the worker binds it a moment later)."""
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    with socket.socket(_family(host)) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
@@ -22,7 +26,7 @@ def reserve_port(host: str, port: int = 0) -> socket.socket:
     of the node's address find it alive while it starts. Bound on every
     interface, as TensorFlow's server is. Raises OSError if the port is in use.
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    family = _family(host)
     s = socket.socket(family)
     try:
         s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
@@ -34,7 +38,7 @@ def reserve_port(host: str, port: int = 0) -> socket.socket:
 
 
 def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    with socket.socket(_family(host)) as s:
         try:
             s.bind((host, port))
         except OSError:

@@ -36,15 +36,21 @@ def _check_finished_together(workers, steps=STEPS, loss_factor=100):
         assert losses[-1] < losses[0] / loss_factor, losses
 
 
+def _three_training(orchestrator, start_workers):
+    """Three workers (min 2, max 3) that have all passed step 10."""
+    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=STEPS)
+    for w in workers:
+        w.wait_for_step(10)
+    return workers
+
+
 def _node(workers, node_id):
     return next(w for w in workers if w.node_id == node_id)
 
 
 @pytest.mark.parametrize("victim", ["member", "chief"])
 def test_survivors_reform_in_process_after_a_kill(orchestrator, start_workers, tmp_path, victim):
-    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=STEPS)
-    for w in workers:
-        w.wait_for_step(10)
+    workers = _three_training(orchestrator, start_workers)
     chief = min(w.node_id for w in workers)
     target = _node(workers, chief) if victim == "chief" else _node(workers, max(w.node_id for w in workers))
     pids = {w.node_id: w.proc.pid for w in workers}
@@ -66,9 +72,7 @@ def test_survivors_reform_in_process_after_a_kill(orchestrator, start_workers, t
 
 def test_a_hung_member_is_removed_and_the_others_go_on(orchestrator, start_workers, tmp_path):
     """SIGSTOP: the member's connections stay open, so only its silence gives it away."""
-    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=STEPS)
-    for w in workers:
-        w.wait_for_step(10)
+    workers = _three_training(orchestrator, start_workers)
     hung = _node(workers, max(w.node_id for w in workers))
     hung.signal(signal.SIGSTOP)
     survivors = [w for w in workers if w is not hung]
@@ -80,9 +84,7 @@ def test_a_hung_member_is_removed_and_the_others_go_on(orchestrator, start_worke
 
 
 def test_sigterm_leaves_at_a_step_boundary_without_rollback(orchestrator, start_workers, tmp_path):
-    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=STEPS)
-    for w in workers:
-        w.wait_for_step(10)
+    workers = _three_training(orchestrator, start_workers)
     leaver = _node(workers, max(w.node_id for w in workers))
     leaver.signal(signal.SIGTERM)
     assert leaver.wait() == 0, leaver.log_tail()
