@@ -5,10 +5,13 @@ For each repeat it runs, with --workers local worker processes on 127.0.0.1:
 * steady state: a group of stock MultiWorkerMirroredStrategy workers and a
   group of elastic-strategy workers (a commit every step), same model and data,
   both started up front and taking turns in blocks of steps (the order
-  alternates): the median over block pairs of the ratio of median step times,
-  so that the drift of a shared machine hits both alike; also the ratio of
-  CPU time per worker-step (all threads, from /proc), which scheduling noise
-  disturbs much less than wall time;
+  alternates), so that the drift of a shared machine hits both alike; this for
+  --sets freshly started pairs of groups, since a group's speed varies more
+  from one start to the next than from block to block; the ratio is the median
+  over all block pairs of the ratio of median step times; also the ratio of
+  CPU time per worker-step (all threads, from /proc); with --control, the same
+  for a second stock group in place of the elastic one (an A/A ratio: how far
+  from 1 the machine's noise alone puts it);
 * crash: SIGKILL to one worker; time to the first step of the new generation
   on the survivors, and steps lost (redone);
 * growth: start with workers-1, add one; the longest step gap on existing members;
@@ -16,7 +19,8 @@ For each repeat it runs, with --workers local worker processes on 127.0.0.1:
 
 Prints progress, then a table, and as its last line the JSON summary:
 {"overhead_ratio", "overhead_cpu_ratio", "recovery_s_median", "growth_pause_s_median",
- "leave_pause_s_median", "lost_steps_max"}.
+ "leave_pause_s_median", "lost_steps_max", "lost_steps_max_growth_leave"}, plus
+"control_ratio" with --control.
 """
 
 from __future__ import annotations
@@ -172,35 +176,47 @@ def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, f
     return statistics.median(gaps), cpu_per_step
 
 
-def steady_state(workers: int, pairs: int, block_steps: int,
-                 tmp: str) -> list[tuple[tuple[float, float], tuple[float, float]]]:
-    """(stock, elastic) run_block() results of `pairs` pairs of blocks; the groups take turns."""
+def steady_state(workers: int, pairs: int, block_steps: int, tmp: str,
+                 control: bool = False) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+    """(stock, elastic) run_block() results of `pairs` pairs of blocks; the groups take turns.
+
+    With `control` the second group is stock too: its ratio shows the noise floor.
+    """
     orchestrator = Orchestrator()
     blocks = ("--blocks",)
     stock = stock_workers(workers, 10**9, blocks)
-    elastic = elastic_workers(orchestrator, workers, "steady", 10**9, workers, workers,
-                              os.path.join(tmp, "steady.jsonl"), blocks)
+    if control:
+        other = stock_workers(workers, 10**9, blocks)
+    else:
+        other = elastic_workers(orchestrator, workers, "steady", 10**9, workers, workers,
+                                os.path.join(tmp, "steady.jsonl"), blocks)
     try:
-        for group in (stock, elastic):
+        for group in (stock, other):
             run_block(group, WARMUP_STEPS)
         results = []
         for i in range(pairs):
             if i % 2:
-                elastic_block = run_block(elastic, block_steps)
+                other_block = run_block(other, block_steps)
                 stock_block = run_block(stock, block_steps)
             else:
                 stock_block = run_block(stock, block_steps)
-                elastic_block = run_block(elastic, block_steps)
-            results.append((stock_block, elastic_block))
-        for p in stock + elastic:
+                other_block = run_block(other, block_steps)
+            results.append((stock_block, other_block))
+        for p in stock + other:
             p.send("0")
-        for p in stock + elastic:
+        for p in stock + other:
             p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
         return results
     finally:
-        for p in stock + elastic:
+        for p in stock + other:
             p.stop()
         orchestrator.stop()
+
+
+def ratios_of(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> tuple[float, float]:
+    """(the median wall-time ratio, the median CPU ratio) of (stock, other) block pairs."""
+    return (statistics.median(o / s for (s, _), (o, _) in pairs),
+            statistics.median(o / s for (_, s), (_, o) in pairs))
 
 
 def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
@@ -266,30 +282,46 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each scenario (default 5)")
-    parser.add_argument("--pairs", type=int, default=10,
-                        help="steady state: (stock, elastic) block pairs per repeat (default 10)")
+    parser.add_argument("--sets", type=int, default=3,
+                        help="steady state: fresh (stock, elastic) groups of workers per repeat "
+                        "(default 3); a group's speed varies from one start to the next by more "
+                        "than from one block to the next")
+    parser.add_argument("--control", action="store_true",
+                        help="steady state: also time a second stock group against the first "
+                        "(same sets and pairs): its ratio, ideally 1, shows the machine's noise")
+    parser.add_argument("--pairs", type=int, default=4,
+                        help="steady state: (stock, elastic) block pairs per set of groups "
+                        "(default 4)")
     parser.add_argument("--block_steps", type=int, default=150,
                         help="steady state: steps per block (default 150)")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
-    results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "cpu_ratio": [], "crash": [],
-                                "growth": [], "leave": []}
+    results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "cpu_ratio": [],
+                                "control_ratio": [], "crash": [], "growth": [], "leave": []}
     with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
         for repeat in range(args.repeats):
-            pairs = steady_state(args.workers, args.pairs, args.block_steps, tmp)
+            pairs = []
+            for _ in range(args.sets):
+                pairs += steady_state(args.workers, args.pairs, args.block_steps, tmp)
             stock_s = statistics.median(s for (s, _), _ in pairs)
             elastic_s = statistics.median(e for _, (e, _) in pairs)
-            ratios = [e / s for (s, _), (e, _) in pairs]
-            cpu_ratios = [e / s for (_, s), (_, e) in pairs]
+            ratio, cpu_ratio = ratios_of(pairs)
             results["stock_s"].append(stock_s)
             results["elastic_s"].append(elastic_s)
-            results["ratio"].append(statistics.median(ratios))
-            results["cpu_ratio"].append(statistics.median(cpu_ratios))
+            results["ratio"].append(ratio)
+            results["cpu_ratio"].append(cpu_ratio)
             print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
-                  f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {results['ratio'][-1]:.3f} "
-                  f"(block pairs {min(ratios):.3f}-{max(ratios):.3f}), CPU per worker-step ratio "
-                  f"{results['cpu_ratio'][-1]:.3f}", flush=True)
+                  f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {ratio:.3f}, CPU per "
+                  f"worker-step ratio {cpu_ratio:.3f}", flush=True)
+            if args.control:
+                control = []
+                for _ in range(args.sets):
+                    control += steady_state(args.workers, args.pairs, args.block_steps, tmp,
+                                            control=True)
+                results["control_ratio"].append(ratios_of(control)[0])
+                print(f"[{repeat + 1}/{args.repeats}] control (stock vs stock): ratio "
+                      f"{results['control_ratio'][-1]:.3f}", flush=True)
             for kind in ("crash", "growth", "leave"):
                 r = disruption(kind, args.workers, tmp, repeat)
                 results[kind].append(r)
@@ -308,11 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         "lost_steps_max_growth_leave": max(r["lost_steps"] for kind in ("growth", "leave")
                                            for r in results[kind]),
     }
+    if args.control:
+        summary["control_ratio"] = round(med(results["control_ratio"]), 4)
     print(f"\n{'metric':<28}{'median':>10}{'min':>10}{'max':>10}")
     rows = [("stock MWMS step (ms)", [x * 1e3 for x in results["stock_s"]]),
             ("elastic step (ms)", [x * 1e3 for x in results["elastic_s"]]),
             ("overhead ratio", results["ratio"]),
             ("CPU per worker-step ratio", results["cpu_ratio"]),
+            *([("control ratio (stock/stock)", results["control_ratio"])] if args.control else []),
             ("crash recovery (s)", [r["recovery_s"] for r in results["crash"]]),
             ("growth pause (s)", [r["pause_s"] for r in results["growth"]]),
             ("leave pause (s)", [r["pause_s"] for r in results["leave"]])]
