@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 ENDPOINT_ENV = "TFE_RDZV_ENDPOINT"
 RUN_ID_ENV = "TFE_RUN_ID"
 ADDRESS_ENV = "TFE_ADDRESS"
+# A listening socket the launcher's agent passes down, holding the port of ADDRESS_ENV.
+ADDRESS_FD_ENV = "TFE_ADDRESS_FD"
 MIN_NODES_ENV = "TFE_MIN_NODES"
 MAX_NODES_ENV = "TFE_MAX_NODES"
 JOIN_TIMEOUT_ENV = "TFE_JOIN_TIMEOUT"
@@ -319,12 +321,35 @@ class ElasticRuntime:
             raise ElasticJobFailed(self._failure_reason)
 
 
+def _inherited_hold(port: int) -> socket.socket | None:
+    """The socket the launcher passed down holding `port` (ADDRESS_FD_ENV), if there is one."""
+    fd = os.environ.pop(ADDRESS_FD_ENV, None)
+    if fd is None:
+        return None
+    try:
+        held = socket.socket(fileno=int(fd))
+    except (ValueError, OSError):
+        logger.warning("%s=%s is not an open socket; holding the port anew", ADDRESS_FD_ENV, fd)
+        return None
+    held.set_inheritable(False)  # the worker's own children must not keep the port
+    if held.getsockname()[1] != port:
+        held.close()
+        return None
+    return held
+
+
 def _reserve(address: str | None) -> tuple[str, socket.socket]:
-    """(address, its held port): `address`, or a free loopback one; held until the server binds."""
+    """(address, its held port): `address`, or a free loopback one; held until the server binds.
+
+    A port the launcher passed down held (ADDRESS_FD_ENV) stays held, with no gap.
+    """
     if not address:
         reservation = ports.reserve_port("127.0.0.1")
         return ports.format_address("127.0.0.1", reservation.getsockname()[1]), reservation
     host, port = parse_endpoint(address)
+    inherited = _inherited_hold(port)
+    if inherited is not None:
+        return address, inherited
     try:
         return address, ports.reserve_port(host, port)
     except OSError as e:

@@ -1,5 +1,6 @@
 """The runtime's checks that need no cluster (a stand-in client; the rest runs in tests/strategy)."""
 
+import os
 import socket
 
 import pytest
@@ -101,6 +102,35 @@ def test_the_reserved_port_is_held_until_the_server_takes_it():
     rt.release_address()
     with socket.socket() as server:
         server.bind(("127.0.0.1", port))
+
+
+def _passed_down(monkeypatch, port: int = 0) -> tuple[str, int]:
+    """A port held the way the launcher's agent hands it to a worker: (address, its port)."""
+    agent_copy = ports.reserve_port("127.0.0.1", port)
+    port = agent_copy.getsockname()[1]
+    monkeypatch.setenv(runtime.ADDRESS_FD_ENV, str(os.dup(agent_copy.fileno())))
+    agent_copy.close()  # the agent lets go once the worker started
+    return f"127.0.0.1:{port}", port
+
+
+def test_a_port_passed_down_held_stays_held_without_a_gap(monkeypatch):
+    address, port = _passed_down(monkeypatch)
+    kept, held = runtime._reserve(address)
+    assert kept == address and held.getsockname()[1] == port
+    assert runtime.ADDRESS_FD_ENV not in os.environ and not held.get_inheritable()
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))
+    held.close()
+
+
+def test_a_port_passed_down_for_another_address_is_let_go(monkeypatch):
+    _, stale_port = _passed_down(monkeypatch)
+    wanted = ports.free_port("127.0.0.1")
+    _, held = runtime._reserve(f"127.0.0.1:{wanted}")
+    assert held.getsockname()[1] == wanted
+    held.close()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", stale_port))
 
 
 def test_a_given_address_whose_port_is_taken_fails_at_init_with_the_fix(monkeypatch):

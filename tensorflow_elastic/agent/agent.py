@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -47,6 +48,7 @@ class Elasticity(Protocol):
     def generation(self) -> int: ...
     def world_size(self) -> int: ...
     def worker_env(self, slot: int) -> dict[str, str]: ...
+    def inherited_sockets(self, slot: int) -> list[socket.socket]: ...
     def new_address(self, slot: int) -> None: ...
     def exit_barrier(self) -> None: ...
     def leave(self, reason: str) -> None: ...
@@ -163,9 +165,15 @@ class LocalAgent:
                       "TFE_RESTART_COUNT": str(self.restarts)})
         if self.spec.events_file:
             extra[events.EVENTS_FILE_ENV] = self.spec.events_file
-        worker = WorkerProcess(self.spec.command(), worker_env(extra), error_file,
-                               label=lambda slot=slot: self._label(slot),
-                               stdout=self._stdout, stderr=self._stderr)
+        inherited = self.elasticity.inherited_sockets(slot)
+        try:
+            worker = WorkerProcess(self.spec.command(), worker_env(extra), error_file,
+                                   label=lambda slot=slot: self._label(slot),
+                                   stdout=self._stdout, stderr=self._stderr,
+                                   pass_fds=[s.fileno() for s in inherited])
+        finally:
+            for held in inherited:
+                held.close()
         self._workers[slot] = worker
         self._exit_codes[slot] = None
         self._info("worker %d started: pid %d, node %s", slot, worker.pid,

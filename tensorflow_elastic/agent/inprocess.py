@@ -12,6 +12,7 @@ and name failures.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
@@ -37,7 +38,11 @@ class InProcessElasticity:
         self.spec = spec
         self._ports = ports
         self._hosts_orchestrator = hosts_orchestrator
-        self._addresses = [ports.address() for _ in range(spec.nproc_per_node)]
+        self._addresses: list[str] = []
+        self._held: dict[int, socket.socket] = {}
+        for slot in range(spec.nproc_per_node):
+            address, self._held[slot] = ports.held_address()
+            self._addresses.append(address)
         self._node_ids: dict[str, int] = {}
         self._status_client = Client(spec.rdzv_endpoint, spec.run_id, spec.token,
                                      retry_timeout=5.0)
@@ -82,11 +87,21 @@ class InProcessElasticity:
                runtime.JOIN_TIMEOUT_ENV: str(self.spec.join_timeout)}
         if self.spec.token:
             env[runtime.TOKEN_ENV] = self.spec.token
+        if slot in self._held:
+            env[runtime.ADDRESS_FD_ENV] = str(self._held[slot].fileno())
         return env
+
+    def inherited_sockets(self, slot: int) -> list[socket.socket]:
+        """The socket holding the worker's port: the worker inherits it, the agent lets go."""
+        held = self._held.pop(slot, None)
+        return [] if held is None else [held]
 
     def new_address(self, slot: int) -> None:
         """A restarted worker is a new node: it gets a fresh address."""
-        self._addresses[slot] = self._ports.address()
+        stale = self._held.pop(slot, None)
+        if stale is not None:
+            stale.close()
+        self._addresses[slot], self._held[slot] = self._ports.held_address()
 
     def exit_barrier(self) -> None:
         """The workers pass their own exit barrier; an agent that hosts the orchestrator also
@@ -114,4 +129,7 @@ class InProcessElasticity:
         """Workers leave by themselves (SIGTERM: finish the step, commit, leave)."""
 
     def close(self) -> None:
+        for held in self._held.values():
+            held.close()
+        self._held.clear()
         self._status_client.close()

@@ -65,6 +65,23 @@ class PortAllocator:
             self._next_fixed = None
         return format_address(self.host, port or free_port(self.host))
 
+    def held_address(self) -> tuple[str, socket.socket]:
+        """An address and the listening socket that holds its port, for a worker to inherit.
+
+        The worker's own hold (``tensorflow_elastic.init()``) starts only after
+        its imports, seconds after the agent chose the port; passing the held
+        socket leaves no moment in which another process can take the port.
+        """
+        fixed, self._next_fixed = self._next_fixed, None
+        if fixed is not None:
+            try:
+                held = reserve_port(self.host, fixed)
+                return format_address(self.host, fixed), held
+            except OSError:
+                pass
+        held = reserve_port(self.host)
+        return format_address(self.host, held.getsockname()[1]), held
+
 
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, TextIO
+from typing import Callable, Sequence, TextIO
 
 OUTPUT_TAIL_LINES = 40
 
@@ -29,7 +29,7 @@ class WorkerProcess:
 
     def __init__(self, argv: list[str], env: dict[str, str], error_file: str,
                  label: Callable[[], str], stdout: TextIO | None = None,
-                 stderr: TextIO | None = None):
+                 stderr: TextIO | None = None, pass_fds: Sequence[int] = ()):
         self.argv = argv
         self.error_file = error_file
         self.started_at = time.time()
@@ -37,7 +37,8 @@ class WorkerProcess:
         self._lock = threading.Lock()
         self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+                                     stderr=subprocess.PIPE, start_new_session=True,
+                                     pass_fds=tuple(pass_fds))
         self._pumps = [
             threading.Thread(target=self._pump, args=(self.proc.stdout, stdout or sys.stdout),
                              name=f"tfe-out-{self.proc.pid}", daemon=True),

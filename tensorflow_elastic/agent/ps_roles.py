@@ -8,6 +8,8 @@ checkpoint; the workers reconnect to it by themselves.
 
 from __future__ import annotations
 
+import socket
+
 from tensorflow_elastic.agent.spec import WorkerSpec
 from tensorflow_elastic.ps.environment import ADDRESS_ENV, CHECKPOINT_DIR_ENV, JOB_ENV, ROLE_ENV
 
@@ -48,6 +50,10 @@ class ParameterServerRoles:
         if self.checkpoint_dir:
             env[CHECKPOINT_DIR_ENV] = self.checkpoint_dir
         return env
+
+    def inherited_sockets(self, slot: int) -> list[socket.socket]:
+        """The PS address is the user's: nothing is held for it."""
+        return []
 
     def new_address(self, slot: int) -> None:
         """A restarted PS must come back where the workers look for it."""

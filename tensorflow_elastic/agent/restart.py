@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -120,6 +121,10 @@ class RestartElasticity:
         node_id = self._clients[slot].node_id
         return {"TF_CONFIG": tf_config(self.membership, node_id),
                 "TFE_NODE_ID": str(node_id), "TFE_GENERATION": str(self._generation)}
+
+    def inherited_sockets(self, slot: int) -> list[socket.socket]:
+        """Stock TensorFlow workers bind their TF_CONFIG address themselves: nothing to pass."""
+        return []
 
     def new_address(self, slot: int) -> None:
         """A restarted worker keeps its node and address in this mode."""

@@ -1,6 +1,7 @@
 """A worker without TensorFlow, for launcher tests that need processes, not training.
 
-It prints its world size from TF_CONFIG (restart-based mode) and then, by its
+It prints its world size from TF_CONFIG (restart-based mode) and the port of the
+socket its launcher passed down holding its address (in-process mode), then, by its
 flags: raises (a crash with a traceback), runs for some seconds, or runs until
 a stop file appears; it writes a done file when it ends normally. SIGTERM
 makes it print "got SIGTERM" and exit 0 (a graceful leave).
@@ -10,6 +11,7 @@ import argparse
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -29,8 +31,13 @@ def on_sigterm(signum, frame):
 
 signal.signal(signal.SIGTERM, on_sigterm)
 world = len(json.loads(os.environ.get("TF_CONFIG", '{"cluster": {"worker": []}}'))["cluster"]["worker"])
+held_port = None
+if "TFE_ADDRESS_FD" in os.environ:
+    with socket.socket(fileno=int(os.environ["TFE_ADDRESS_FD"])) as held:
+        held_port = held.getsockname()[1]
 print(json.dumps({"world": world, "node": os.environ.get("TFE_NODE_ID"),
-                  "restart_count": os.environ.get("TFE_RESTART_COUNT")}), flush=True)
+                  "restart_count": os.environ.get("TFE_RESTART_COUNT"),
+                  "address": os.environ.get("TFE_ADDRESS"), "held_port": held_port}), flush=True)
 if args.crash:
     raise ZeroDivisionError("the worker divided by zero on purpose")
 deadline = time.monotonic() + (args.seconds if args.seconds else args.max_seconds)

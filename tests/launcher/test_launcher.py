@@ -1,6 +1,8 @@
 """The launcher with real processes that need no TensorFlow: bad arguments, crashes and the
-restart limit, signal forwarding, the exit barrier, the orchestrator-only seed usage."""
+restart limit, signal forwarding, held ports handed to workers, the exit barrier, the
+orchestrator-only seed usage."""
 
+import json
 import signal
 
 import pytest
@@ -63,6 +65,15 @@ def test_sigterm_is_forwarded_and_the_launcher_leaves_gracefully(start, scripts,
     left = [e for e in events.read_events(str(events_file), events.NODE_LEFT)
             if e.get("source") == "agent"]
     assert sorted(e["node"] for e in left) == [0, 1]
+
+
+def test_in_process_workers_inherit_their_port_held(start, scripts):
+    proc = start("--standalone", "--nproc_per_node", "2", "--nnodes", "2",
+                 "--elastic_mode", "in_process", scripts.plain, "--seconds", "0.1")
+    assert proc.wait() == 0, proc.output
+    lines = [json.loads(m.group(1)) for m in proc.wait_for(r"^\[worker \d\] (\{.*\})$", count=2)]
+    assert all(line["held_port"] == int(line["address"].rsplit(":", 1)[1]) for line in lines)
+    assert lines[0]["address"] != lines[1]["address"]
 
 
 def test_exit_barrier_keeps_a_finished_node_until_every_node_is_done(start, scripts, port, tmp_path):

@@ -1,11 +1,13 @@
 """Unit tests of the agent's and the timeline's pieces (no processes)."""
 
 import json
+import socket
 
 import pytest
 
 from tensorflow_elastic import events
 from tensorflow_elastic.agent.errors import WorkerFailure, root_cause_summary, write_error_file
+from tensorflow_elastic.agent.ports import PortAllocator
 from tensorflow_elastic.agent.restart import tf_config
 from tensorflow_elastic.agent.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
 from tensorflow_elastic.distributed.hosts import Cooldown
@@ -109,3 +111,19 @@ def test_step_reporter_and_progress_line(tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="holds no events"):
         timeline.load(str(empty))
+
+
+def test_held_addresses_take_the_first_port_when_free_then_any():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        first = probe.getsockname()[1]
+    allocator = PortAllocator("127.0.0.1", first)
+    address, held = allocator.held_address()
+    assert address == f"127.0.0.1:{first}" and held.getsockname()[1] == first
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", first))
+    taken = PortAllocator("127.0.0.1", first)
+    other_address, other_held = taken.held_address()
+    assert other_address != address and other_held.getsockname()[1] != first
+    held.close()
+    other_held.close()
