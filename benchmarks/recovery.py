@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import statistics
@@ -55,10 +56,38 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_ports_start() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port below the ephemeral range, for a stock worker's TF_CONFIG.
+
+    A stock worker binds its port seconds later, after importing TensorFlow; a
+    port from the ephemeral range may by then be the local end of some
+    connection (another group's workers connect to each other meanwhile), and
+    the cluster never forms. Below the range only an explicit bind takes a port.
+    """
+    start = _ephemeral_ports_start()
+    for _ in range(1000):
+        port = random.randrange(max(1024, start - 10000), start)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port found below the ephemeral range (from {start})")
 
 
 class Process:
@@ -78,14 +107,19 @@ class Process:
             if line.startswith("{"):
                 self.records.append(json.loads(line))
 
-    def wait_for(self, predicate, what: str, timeout: float = WAIT_S) -> None:
+    def wait_for(self, predicate, what: str, timeout: float = WAIT_S,
+                 peers: list["Process"] | tuple = ()) -> None:
+        """Waits until `predicate()`; fails at once if this process or one of `peers` (the
+        workers it trains with) exited, and after `timeout` with the end of its stderr."""
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}")
-            if self.proc.poll() is not None and not predicate():
-                raise RuntimeError(f"process exited ({self.proc.returncode}) before {what}; "
-                                   f"the end of its stderr:\n{self.stderr_tail()}")
+                raise TimeoutError(f"timed out waiting for {what}; the end of the stderr of pid "
+                                   f"{self.proc.pid}:\n{self.stderr_tail()}")
+            for p in (self, *peers):
+                if p.proc.poll() is not None and not predicate():
+                    raise RuntimeError(f"pid {p.proc.pid} exited ({p.proc.returncode}) before "
+                                       f"{what}; the end of its stderr:\n{p.stderr_tail()}")
             time.sleep(0.02)
 
     def stderr_tail(self, lines: int = 20) -> str:
@@ -167,7 +201,7 @@ def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, f
     for p in group:
         p.send(str(steps))
     for p in group:
-        p.wait_for(lambda p=p: p.last_step() >= first + steps, "a block of steps")
+        p.wait_for(lambda p=p: p.last_step() >= first + steps, "a block of steps", peers=group)
     cpu_per_step = (sum(p.cpu_seconds() for p in group) - cpu_before) / (len(group) * steps)
     gaps = []
     for p in group:
