@@ -38,6 +38,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -108,7 +109,7 @@ class Process:
                 self.records.append(json.loads(line))
 
     def wait_for(self, predicate, what: str, timeout: float = WAIT_S,
-                 peers: list["Process"] | tuple = ()) -> None:
+                 peers: Sequence["Process"] = ()) -> None:
         """Waits until `predicate()`; fails at once if this process or one of `peers` (the
         workers it trains with) exited, and after `timeout` with the end of its stderr."""
         deadline = time.monotonic() + timeout

@@ -104,9 +104,9 @@ def test_the_reserved_port_is_held_until_the_server_takes_it():
         server.bind(("127.0.0.1", port))
 
 
-def _passed_down(monkeypatch, port: int = 0) -> tuple[str, int]:
+def _passed_down(monkeypatch) -> tuple[str, int]:
     """A port held the way the launcher's agent hands it to a worker: (address, its port)."""
-    agent_copy = ports.reserve_port("127.0.0.1", port)
+    agent_copy = ports.reserve_port("127.0.0.1")
     port = agent_copy.getsockname()[1]
     monkeypatch.setenv(runtime.ADDRESS_FD_ENV, str(os.dup(agent_copy.fileno())))
     agent_copy.close()  # the agent lets go once the worker started
@@ -125,7 +125,8 @@ def test_a_port_passed_down_held_stays_held_without_a_gap(monkeypatch):
 
 def test_a_port_passed_down_for_another_address_is_let_go(monkeypatch):
     _, stale_port = _passed_down(monkeypatch)
-    wanted = ports.free_port("127.0.0.1")
+    with ports.reserve_port("127.0.0.1") as probe:
+        wanted = probe.getsockname()[1]
     _, held = runtime._reserve(f"127.0.0.1:{wanted}")
     assert held.getsockname()[1] == wanted
     held.close()

@@ -9,13 +9,6 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
-def free_port(host: str) -> int:
-    """A port that is free on ``host`` right now (the worker binds it a moment later)."""
-    with socket.socket(_family(host)) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def reserve_port(host: str, port: int = 0) -> socket.socket:
     """A listening socket on ``port`` (0: a free one), to close right before the worker's
     TensorFlow server binds the port.
@@ -37,15 +30,6 @@ def reserve_port(host: str, port: int = 0) -> socket.socket:
     return s
 
 
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(_family(host)) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
 class PortAllocator:
     """Gives ``first_port`` to the first worker if it is free, then free ports.
 
@@ -58,12 +42,10 @@ class PortAllocator:
         self._next_fixed = first_port or None
 
     def address(self) -> str:
-        port = None
-        if self._next_fixed is not None:
-            if port_is_free(self.host, self._next_fixed):
-                port = self._next_fixed
-            self._next_fixed = None
-        return format_address(self.host, port or free_port(self.host))
+        """An address whose port is free now, for a worker that binds it itself later."""
+        address, held = self.held_address()
+        held.close()
+        return address
 
     def held_address(self) -> tuple[str, socket.socket]:
         """An address and the listening socket that holds its port, for a worker to inherit.
