@@ -1,0 +1,65 @@
+"""Every environment variable the launcher, the orchestrator and the workers read, in one place.
+
+The launcher's agent sets most of them for its workers; a user may set them by
+hand to run a script without the launcher. Importing this module is free: it
+only names things.
+"""
+
+from __future__ import annotations
+
+import os
+
+# ---- a worker's place in the job (set by the agent for every worker)
+ENDPOINT = "TFE_RDZV_ENDPOINT"          # the orchestrator, HOST:PORT
+RUN_ID = "TFE_RUN_ID"                   # the job's name at the orchestrator
+TOKEN = "TFE_RDZV_TOKEN"                # the orchestrator's shared secret
+ADDRESS = "TFE_ADDRESS"                 # this worker's TensorFlow server, HOST:PORT
+ADDRESS_FD = "TFE_ADDRESS_FD"           # a listening socket holding ADDRESS's port
+MIN_NODES = "TFE_MIN_NODES"
+MAX_NODES = "TFE_MAX_NODES"
+JOIN_TIMEOUT = "TFE_JOIN_TIMEOUT"       # seconds a node waits to become a member
+LOCAL_RANK = "TFE_LOCAL_RANK"           # the worker's slot in its agent
+RESTART_COUNT = "TFE_RESTART_COUNT"     # how often the agent restarted its workers
+NODE_ID = "TFE_NODE_ID"                 # restart mode: the worker's permanent id
+GENERATION = "TFE_GENERATION"           # restart mode: the generation it starts in
+ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exception
+
+# ---- what a worker reports and how patient it is
+EVENTS_FILE = "TFE_EVENTS_FILE"         # the shared JSON-lines record of what happened
+STEP_EVENTS_EVERY = "TFE_STEP_EVENTS_EVERY"
+PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"
+
+# ---- parameter-server mode
+PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"
+PS_ADDRESS = "TFE_PS_ADDRESS"
+PS_CHECKPOINT_DIR = "TFE_PS_CHECKPOINT_DIR"
+
+# ---- building
+OPS_LIBRARY = "TFE_OPS_LIBRARY"         # setup.py: the op library to package
+
+
+def text(name: str, default: str | None = None) -> str | None:
+    """The variable's value; an empty one counts as unset."""
+    return os.environ.get(name) or default
+
+
+def number(name: str, default: float) -> float:
+    """The variable as a float, with an error that names it when it is not one."""
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(f"${name}={value!r} is not a number") from None
+
+
+def integer(name: str, default: int) -> int:
+    """The variable as an int, with an error that names it when it is not one."""
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"${name}={value!r} is not a whole number") from None
