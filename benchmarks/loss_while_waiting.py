@@ -27,7 +27,7 @@ import time
 
 from recovery import Orchestrator, Process, elastic_workers
 
-from tensorflow_elastic.events import GENERATION_START, read_events
+from tensorflow_elastic.observability.events import GENERATION_START, read_events
 
 STEPS = 40
 

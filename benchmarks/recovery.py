@@ -48,7 +48,7 @@ WARMUP_STEPS = 40
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 sys.path.insert(0, REPO)
-from tensorflow_elastic.events import STATE_RESTORED, read_events  # noqa: E402
+from tensorflow_elastic.observability.events import STATE_RESTORED, read_events  # noqa: E402
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:

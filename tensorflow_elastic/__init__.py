@@ -23,12 +23,12 @@ if _installed_tensorflow:
 
 # Public names and the module that defines each; loaded on first access.
 _LAZY = {
-    "init": "tensorflow_elastic.runtime",
-    "run": "tensorflow_elastic.elastic_run",
-    "State": "tensorflow_elastic.state",
-    "ObjectState": "tensorflow_elastic.state",
-    "TensorFlowState": "tensorflow_elastic.state",
-    "KerasState": "tensorflow_elastic.state",
+    "init": "tensorflow_elastic.strategy.runtime",
+    "run": "tensorflow_elastic.training.loop",
+    "State": "tensorflow_elastic.training.state",
+    "ObjectState": "tensorflow_elastic.training.state",
+    "TensorFlowState": "tensorflow_elastic.training.state",
+    "KerasState": "tensorflow_elastic.training.state",
     "MembershipChanged": "tensorflow_elastic.errors",
     "ElasticJobFailed": "tensorflow_elastic.errors",
     "ElasticMultiWorkerMirroredStrategy": "tensorflow_elastic.strategy",
@@ -36,14 +36,19 @@ _LAZY = {
 
 
 # Submodules reachable as attributes (tfe.keras.fit_elastic) without an import of their own.
-_SUBMODULES = ("data", "keras", "ops", "ps")
+_SUBMODULES = {
+    "data": "tensorflow_elastic.data",
+    "keras": "tensorflow_elastic.training.keras",
+    "ops": "tensorflow_elastic.ops",
+    "ps": "tensorflow_elastic.ps",
+}
 
 
 def __getattr__(name: str):
     import importlib
 
     if name in _SUBMODULES:
-        return importlib.import_module(f"tensorflow_elastic.{name}")
+        return importlib.import_module(_SUBMODULES[name])
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'tensorflow_elastic' has no attribute '{name}'")

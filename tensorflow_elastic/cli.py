@@ -15,7 +15,8 @@ import os
 import sys
 import time
 
-from tensorflow_elastic import events
+from tensorflow_elastic import environment
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.progress import recent_step_rate
 from tensorflow_elastic.observability import plot
 from tensorflow_elastic.ps import cli as ps_cli
@@ -38,13 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the orchestrator's address")
     status.add_argument("--run_id", help="show only this run")
     status.add_argument("--token_file", help="file holding the orchestrator's shared token "
-                        f"(default: ${auth.TOKEN_ENV} if set)")
+                        f"(default: ${environment.TOKEN} if set)")
     status.add_argument("--tls_ca", help="PEM certificate to trust when the orchestrator uses TLS")
     status.add_argument("--history", type=int, default=10, metavar="N",
                         help="history entries to show per run (default: %(default)s)")
-    status.add_argument("--events_file", default=os.environ.get(events.EVENTS_FILE_ENV),
+    status.add_argument("--events_file", default=environment.text(environment.EVENTS_FILE),
                         help="the job's events file, for the step and steps/s "
-                             f"(default: ${events.EVENTS_FILE_ENV} if set)")
+                             f"(default: ${environment.EVENTS_FILE} if set)")
     status.set_defaults(func=_status)
     plot.add_parser(commands)
     ps_cli.add_parsers(commands)

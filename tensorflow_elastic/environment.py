@@ -63,3 +63,8 @@ def integer(name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"${name}={value!r} is not a whole number") from None
+
+
+def pop(name: str) -> str | None:
+    """Removes the variable, so this process's children do not inherit it; returns its value."""
+    return os.environ.pop(name, None)

@@ -1,4 +1,4 @@
-"""Exceptions the elastic runtime raises, and which TensorFlow errors it can recover from."""
+"""Exceptions the elastic runtime raises to training code."""
 
 from __future__ import annotations
 
@@ -7,13 +7,9 @@ class MembershipChanged(Exception):
     """Raised at a commit boundary on every member at once: the group re-forms (growth or a leave)."""
 
 
+class GenerationEnded(Exception):
+    """A member was lost while the others gathered (e.g. for the state sync): re-form and retry."""
+
+
 class ElasticJobFailed(RuntimeError):
     """The job cannot go on (e.g. fewer than min_nodes for too long); the message says why."""
-
-
-def is_recoverable(error: BaseException) -> bool:
-    """Collective failures that a re-form with the surviving members repairs."""
-    import tensorflow as tf
-
-    return isinstance(error, (tf.errors.UnavailableError, tf.errors.DeadlineExceededError,
-                              tf.errors.AbortedError, tf.errors.CancelledError))

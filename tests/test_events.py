@@ -3,7 +3,8 @@
 import json
 import multiprocessing
 
-from tensorflow_elastic import events
+from tensorflow_elastic import environment
+from tensorflow_elastic.observability import events
 
 
 def test_record_writes_required_fields(tmp_path):
@@ -20,7 +21,7 @@ def test_record_writes_required_fields(tmp_path):
 
 
 def test_disabled_log_writes_nothing(tmp_path, monkeypatch):
-    monkeypatch.delenv(events.EVENTS_FILE_ENV, raising=False)
+    monkeypatch.delenv(environment.EVENTS_FILE, raising=False)
     log = events.EventLog()
     assert not log.enabled
     assert log.record(events.STEP, step=1) is None
@@ -29,7 +30,7 @@ def test_disabled_log_writes_nothing(tmp_path, monkeypatch):
 
 def test_path_comes_from_the_environment(tmp_path, monkeypatch):
     path = tmp_path / "env.jsonl"
-    monkeypatch.setenv(events.EVENTS_FILE_ENV, str(path))
+    monkeypatch.setenv(environment.EVENTS_FILE, str(path))
     events.EventLog().record(events.JOB_COMPLETE)
     assert [e["event"] for e in events.read_events(str(path))] == ["job_complete"]
 

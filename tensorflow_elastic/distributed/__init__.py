@@ -1,1 +1,4 @@
-"""Launchers: ``tfelastic-run`` (one node) and ``tensorflowrun`` (many hosts from a discovery script)."""
+"""The seed's entry point, kept verbatim: ``python -m tensorflow_elastic.distributed.launch``.
+
+The launcher itself lives in :mod:`tensorflow_elastic.launch`.
+"""

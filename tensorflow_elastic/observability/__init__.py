@@ -1,4 +1,6 @@
-"""Seeing what an elastic job did: step events, progress lines, timelines, plots."""
+"""Seeing what an elastic job did: the events record every part appends to, step events,
+progress lines, timelines and plots.
+"""
 
 from tensorflow_elastic.observability.steps import StepReporter
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 
 
 class ProgressTracker:

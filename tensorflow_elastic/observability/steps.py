@@ -7,7 +7,7 @@ reporter records every ``every``-th step only (and always the first).
 
 from __future__ import annotations
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 
 
 class StepReporter:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 
 # failure_detected events this close together describe one incident.
 INCIDENT_WINDOW_S = 5.0

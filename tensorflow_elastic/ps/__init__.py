@@ -1,7 +1,7 @@
 """Asynchronous parameter-server mode: a PS applies workers' gradients in the order a policy chooses.
 
 Names load on first use, so the launcher can read the role settings
-(:mod:`tensorflow_elastic.ps.environment`) without importing TensorFlow.
+(:mod:`tensorflow_elastic.ps.roles`) without importing TensorFlow.
 """
 
 import importlib
@@ -19,8 +19,8 @@ _LAZY = {
     "CheckpointError": "tensorflow_elastic.ps.checkpoint",
     "run": "tensorflow_elastic.ps.api",
     "keras_gradient_fn": "tensorflow_elastic.ps.api",
-    "ROLE_ENV": "tensorflow_elastic.ps.environment",
-    "ADDRESS_ENV": "tensorflow_elastic.ps.environment",
+    "ROLE_ENV": "tensorflow_elastic.ps.roles",
+    "ADDRESS_ENV": "tensorflow_elastic.ps.roles",
 }
 
 

@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import tensorflow as tf
 
+from tensorflow_elastic import environment
 from tensorflow_elastic.ps.config import PSConfig
-from tensorflow_elastic.ps.environment import (ADDRESS_ENV, CHECKPOINT_DIR_ENV, JOB_ENV, PS,
-                                               ROLE_ENV, WORKER)
+from tensorflow_elastic.ps.roles import PS, WORKER
 from tensorflow_elastic.ps.server import ParameterServer
 from tensorflow_elastic.ps.worker import GradientFn, PSWorker, WorkerResult
 
@@ -69,14 +69,14 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
     are ignored by workers and ``reconnect_timeout`` by the PS, so one call
     serves both roles.
     """
-    role = role or os.environ.get(ROLE_ENV)
-    address = address or os.environ.get(ADDRESS_ENV)
-    job_id = job_id or os.environ.get(JOB_ENV) or "default"
+    role = role or environment.text(environment.PS_ROLE)
+    address = address or environment.text(environment.PS_ADDRESS)
+    job_id = job_id or environment.text(environment.RUN_ID, "default")
     if role not in (PS, WORKER):
-        raise ValueError(f"role must be {PS!r} or {WORKER!r} (argument or ${ROLE_ENV}), got "
+        raise ValueError(f"role must be {PS!r} or {WORKER!r} (argument or ${environment.PS_ROLE}), got "
                          f"{role!r}; start the script with tfelastic-run --role ps|worker")
     if not address:
-        raise ValueError(f"no parameter server address: pass address= or set ${ADDRESS_ENV} "
+        raise ValueError(f"no parameter server address: pass address= or set ${environment.PS_ADDRESS} "
                          f"(tfelastic-run --ps_address HOST:PORT)")
     variables, gradient_fn = _resolve(model, loss_fn, variables, gradient_fn)
     if role == PS:
@@ -85,7 +85,7 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
         host, _, port = address.rpartition(":")
         server = ParameterServer(variables, optimizer, config, host=host, port=int(port),
                                  job_id=job_id,
-                                 checkpoint_dir=checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV),
+                                 checkpoint_dir=checkpoint_dir or environment.text(environment.PS_CHECKPOINT_DIR),
                                  checkpoint_every=checkpoint_every, lease_timeout=lease_timeout,
                                  idle_timeout=idle_timeout)
         server.start()

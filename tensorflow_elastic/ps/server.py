@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
-from tensorflow_elastic import events
-from tensorflow_elastic.events import EventLog
+from tensorflow_elastic.observability import events
+from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig

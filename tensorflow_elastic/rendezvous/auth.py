@@ -15,12 +15,13 @@ from typing import Awaitable, Callable
 
 import grpc
 
-TOKEN_ENV = "TFE_RDZV_TOKEN"
+from tensorflow_elastic import environment
+
 _HEADER = "authorization"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/",)
 
 
-def load_token(token_file: str | None = None, env: str = TOKEN_ENV) -> str | None:
+def load_token(token_file: str | None = None, env: str = environment.TOKEN) -> str | None:
     """The token from ``token_file`` (first line), else from the environment, else None."""
     if token_file:
         with open(token_file, encoding="utf-8") as f:

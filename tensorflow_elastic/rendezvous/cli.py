@@ -8,7 +8,7 @@ import signal
 import sys
 import threading
 
-from tensorflow_elastic.events import EVENTS_FILE_ENV
+from tensorflow_elastic import environment
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.run import RunSettings
 from tensorflow_elastic.rendezvous.server import Orchestrator
@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state_dir", help="directory to keep run state in across restarts "
                    "(default: memory only)")
     p.add_argument("--token_file", help="file whose first line is the shared token every call "
-                   f"must carry (default: ${auth.TOKEN_ENV} if set, else no token)")
+                   f"must carry (default: ${environment.TOKEN} if set, else no token)")
     p.add_argument("--tls_cert", help="PEM certificate chain; enables TLS (needs --tls_key)")
     p.add_argument("--tls_key", help="PEM private key of --tls_cert")
     p.add_argument("--heartbeat_timeout", type=float, default=defaults.heartbeat_timeout,
@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics_port", type=int,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 picks a port")
     p.add_argument("--events_file", help=f"append events (JSON lines) here (default: "
-                   f"${EVENTS_FILE_ENV} if set)")
+                   f"${environment.EVENTS_FILE} if set)")
     return p
 
 

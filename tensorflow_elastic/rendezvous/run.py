@@ -28,7 +28,7 @@ import dataclasses
 import time
 from typing import Any, AsyncIterator, Protocol
 
-from tensorflow_elastic import events as ev
+from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, InvalidArgumentError, NodeRemovedError, RendezvousError,

@@ -15,7 +15,7 @@ import threading
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tensorflow_elastic.events import EventLog
+from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import RunSettings

@@ -1,4 +1,6 @@
-"""The elastic distribution strategy; importing it registers it under tf.distribute.experimental."""
+"""The TensorFlow side: the elastic strategy, its collectives, the commit vote, the sparse cluster
+and the process's runtime (`init()`). Importing it registers the strategy under tf.distribute.experimental.
+"""
 
 import tensorflow as tf
 

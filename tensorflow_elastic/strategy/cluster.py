@@ -75,3 +75,26 @@ def abort_collectives(reason: str) -> None:
     from tensorflow.python.framework import errors
 
     context.context().abort_collective_ops(errors.UNAVAILABLE, reason)
+
+
+def unreachable_peers(members: Mapping[int, str], node_id: int,
+                      timeout_ms: int = 1000) -> list[int]:
+    """The members other than `node_id` whose TensorFlow server does not answer a health probe."""
+    lost = []
+    for peer in sorted(members):
+        if peer == node_id:
+            continue
+        try:
+            context.context().check_collective_ops_peer_health(task_device(peer),
+                                                               timeout_in_ms=timeout_ms)
+        except Exception:  # noqa: BLE001 - any failure to answer means unreachable
+            lost.append(peer)
+    return lost
+
+
+def is_recoverable(error: BaseException) -> bool:
+    """Collective failures that a re-form with the surviving members repairs."""
+    from tensorflow.python.framework import errors
+
+    return isinstance(error, (errors.UnavailableError, errors.DeadlineExceededError,
+                              errors.AbortedError, errors.CancelledError))

@@ -18,7 +18,7 @@ from tensorflow.python.distribute import cross_device_utils, reduce_util
 from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes, indexed_slices, ops
 from tensorflow.python.framework.tensor import Tensor
-from tensorflow.python.ops import math_ops, variables
+from tensorflow.python.ops import array_ops, math_ops, variables
 from tensorflow.python.util import nest
 
 # Group keys are spaced per generation so that no two generations share one.
@@ -113,6 +113,11 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         self._replicas_voting_in: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
+    def host_launcher(self) -> ElasticReplicaLauncher:
+        """The launcher of the first device, for collectives outside a replica context."""
+        return self._launchers[0]
+
+    @property
     def _num_between_graph_workers(self):
         # The world can grow after a function is traced: never take the
         # single-worker shortcut that skips the collective.
@@ -163,3 +168,25 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         with ops.device(self._devices[replica_id]):
             return nest.map_structure(
                 lambda v: v / math_ops.cast(self._runtime_group_size.read(), v.dtype), summed)
+
+
+def broadcast_from(launcher: ElasticReplicaLauncher, tensors: list[Tensor],
+                   is_source: bool) -> list[Tensor]:
+    """The source member's tensors on every member, in one all-reduce per dtype."""
+    by_dtype: dict[dtypes.DType, list[int]] = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    result: list[Tensor | None] = [None] * len(tensors)
+    for dtype, indices in by_dtype.items():
+        flat = array_ops.concat([array_ops.reshape(tensors[i], [-1]) for i in indices], axis=0)
+        if not is_source:
+            flat = array_ops.zeros_like(flat)
+        if dtype == dtypes.bool:
+            summed = math_ops.cast(launcher.all_reduce(math_ops.cast(flat, dtypes.int32)),
+                                   dtypes.bool)
+        else:
+            summed = launcher.all_reduce(flat)
+        sizes = [int(array_ops.size(tensors[i])) for i in indices]
+        for i, part in zip(indices, array_ops.split(summed, sizes)):
+            result[i] = array_ops.reshape(part, tensors[i].shape)
+    return result

@@ -21,7 +21,7 @@ from tensorflow.python.ops import variables
 from tensorflow.python.training import server_lib
 from tensorflow.python.util import nest
 
-from tensorflow_elastic.strategy import cluster, collectives
+from tensorflow_elastic.strategy import cluster, collectives, runtime
 from tensorflow_elastic.strategy.agreement import ReformVote
 
 
@@ -97,6 +97,11 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops.regroup(world, self._collective_keys)
         self._set_members(members, generation)
 
+    def broadcast_from(self, tensors: list, is_source: bool) -> list:
+        """The source member's `tensors` on every member (all members call it, one is the source)."""
+        return collectives.broadcast_from(self._host_cross_device_ops.host_launcher, tensors,
+                                          is_source)
+
     @property
     def generation(self) -> int:
         return self._generation
@@ -147,18 +152,16 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
 
     def __init__(self, min_nodes: int | None = None, max_nodes: int | None = None,
                  communication_options: collective_util.Options | None = None):
-        from tensorflow_elastic import runtime
-
         if communication_options is None:
             # No per-collective timeout: it costs about 10% of a 10 ms step
             # (measured with 3 local workers). A lost peer is detected by the
             # orchestrator, and the runtime's progress watchdog bounds the rest.
             communication_options = collective_util.Options()
         elastic = runtime.ensure_initialized(min_nodes=min_nodes, max_nodes=max_nodes)
-        node_id, members, generation = elastic.initial_cluster()
+        node_id, members, generation = elastic.session.initial_cluster()
         elastic.release_address()  # the server below binds it at once
         extended = ElasticExtended(self, node_id, members, generation, communication_options,
-                                   elastic.wants_reform)
+                                   elastic.session.wants_reform)
         distribute_lib.Strategy.__init__(self, extended)
         self._elastic_runtime = elastic
         elastic.attach_strategy(self)

@@ -11,7 +11,7 @@ import time
 import grpc
 import pytest
 
-from tensorflow_elastic.events import read_events
+from tensorflow_elastic.observability.events import read_events
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import BlocklistedError, NodeRemovedError, RunFailedError

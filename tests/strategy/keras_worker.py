@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
-from tensorflow_elastic.keras import fit_elastic
+from tensorflow_elastic.training.keras import fit_elastic
 
 EPOCHS = int(sys.argv[1]) if len(sys.argv) > 1 else 3
 STEPS_PER_EPOCH = int(sys.argv[2]) if len(sys.argv) > 2 else 20

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.rendezvous import Client
 from tensorflow_elastic.rendezvous.errors import RendezvousError
 

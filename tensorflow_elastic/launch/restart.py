@@ -18,7 +18,8 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from tensorflow_elastic.agent.spec import WorkerSpec
+from tensorflow_elastic import environment
+from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, NodeRemovedError, RendezvousError, RunFailedError)
@@ -120,7 +121,7 @@ class RestartElasticity:
     def worker_env(self, slot: int) -> dict[str, str]:
         node_id = self._clients[slot].node_id
         return {"TF_CONFIG": tf_config(self.membership, node_id),
-                "TFE_NODE_ID": str(node_id), "TFE_GENERATION": str(self._generation)}
+                environment.NODE_ID: str(node_id), environment.GENERATION: str(self._generation)}
 
     def inherited_sockets(self, slot: int) -> list[socket.socket]:
         """Stock TensorFlow workers bind their TF_CONFIG address themselves: nothing to pass."""

@@ -15,7 +15,8 @@ import threading
 import time
 from typing import Any, Iterator
 
-EVENTS_FILE_ENV = "TFE_EVENTS_FILE"
+from tensorflow_elastic import environment
+
 
 RENDEZVOUS_COMPLETE = "rendezvous_complete"
 FAILURE_DETECTED = "failure_detected"
@@ -31,7 +32,7 @@ class EventLog:
     """Appends events to one JSON-lines file; a no-op when no path is given."""
 
     def __init__(self, path: str | None = None, source: str | None = None):
-        self.path = path if path is not None else os.environ.get(EVENTS_FILE_ENV) or None
+        self.path = path if path is not None else environment.text(environment.EVENTS_FILE)
         self.source = source
         self._lock = threading.Lock()
         self._fd: int | None = None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import socket
 
-from tensorflow_elastic.agent.spec import WorkerSpec
-from tensorflow_elastic.ps.environment import ADDRESS_ENV, CHECKPOINT_DIR_ENV, JOB_ENV, ROLE_ENV
+from tensorflow_elastic import environment
+from tensorflow_elastic.launch.spec import WorkerSpec
 
 
 class ParameterServerRoles:
@@ -46,9 +46,10 @@ class ParameterServerRoles:
         return self.spec.nproc_per_node
 
     def worker_env(self, slot: int) -> dict[str, str]:
-        env = {ROLE_ENV: self.role, ADDRESS_ENV: self.ps_address, JOB_ENV: self.spec.run_id}
+        env = {environment.PS_ROLE: self.role, environment.PS_ADDRESS: self.ps_address,
+               environment.RUN_ID: self.spec.run_id}
         if self.checkpoint_dir:
-            env[CHECKPOINT_DIR_ENV] = self.checkpoint_dir
+            env[environment.PS_CHECKPOINT_DIR] = self.checkpoint_dir
         return env
 
     def inherited_sockets(self, slot: int) -> list[socket.socket]:

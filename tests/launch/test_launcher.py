@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.rendezvous import Client
 
 pytestmark = pytest.mark.multiprocess

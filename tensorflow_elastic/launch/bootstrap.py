@@ -1,4 +1,4 @@
-"""How the agent runs a Python training script: ``python -m tensorflow_elastic.agent.bootstrap SCRIPT ARGS``.
+"""How the agent runs a Python training script: ``python -m tensorflow_elastic.launch.bootstrap SCRIPT ARGS``.
 
 The script runs as ``__main__`` exactly as with ``python SCRIPT``, with two
 additions that need no change to it: an uncaught exception leaves an error
@@ -14,12 +14,12 @@ import os
 import runpy
 import sys
 
-from tensorflow_elastic.agent.errors import install_excepthook
+from tensorflow_elastic.launch.error_files import install_excepthook
 
 
 def main() -> None:
     if len(sys.argv) < 2:
-        sys.exit("usage: python -m tensorflow_elastic.agent.bootstrap SCRIPT [ARGS...]")
+        sys.exit("usage: python -m tensorflow_elastic.launch.bootstrap SCRIPT [ARGS...]")
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     # As `python SCRIPT` does: the script's directory comes first on the import path.

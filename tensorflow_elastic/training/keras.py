@@ -10,7 +10,7 @@ from typing import Any, Iterable
 
 import tensorflow as tf
 
-from tensorflow_elastic.state import State
+from tensorflow_elastic.training.state import State
 
 
 class ElasticCallback(tf.keras.callbacks.Callback):

@@ -86,7 +86,7 @@ class WorkerSpec:
     def command(self) -> list[str]:
         """A Python script runs through the bootstrap (error files); anything else runs as is."""
         if self.is_python:
-            return [sys.executable, "-u", "-m", "tensorflow_elastic.agent.bootstrap",
+            return [sys.executable, "-u", "-m", "tensorflow_elastic.launch.bootstrap",
                     self.entrypoint, *self.args]
         return [self.entrypoint, *self.args]
 
@@ -119,14 +119,6 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     if low < 1 or low > high:
         raise ValueError(f"--nnodes {value}: need 1 <= MIN <= MAX")
     return low, high
-
-
-def parse_endpoint(value: str) -> tuple[str, int]:
-    """'HOST:PORT' -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:29400), got {value!r}")
-    return host.strip("[]"), int(port)
 
 
 def default_log_dir(run_id: str) -> str:

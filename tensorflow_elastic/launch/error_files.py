@@ -4,7 +4,7 @@ A worker that dies of an uncaught exception leaves a JSON error file (the
 path is in ``TFE_ERROR_FILE``) with the exception and its traceback, so the
 agent can name the first failure of a run instead of leaving the user to dig
 through interleaved logs. Workers started by the agent get this
-automatically (see :mod:`tensorflow_elastic.agent.bootstrap`); a script run
+automatically (see :mod:`tensorflow_elastic.launch.bootstrap`); a script run
 some other way can decorate its entry point with :func:`record`. A worker
 that dies without one (a signal, a segfault, ``sys.exit(1)``) is described
 from its exit code and the tail of its output.
@@ -22,7 +22,8 @@ import time
 import traceback
 from typing import Any, Callable, TypeVar
 
-ERROR_FILE_ENV = "TFE_ERROR_FILE"
+from tensorflow_elastic import environment
+
 TAIL_LINES = 15
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -30,7 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def write_error_file(error: BaseException, path: str | None = None) -> None:
     """Writes ``error`` and its traceback to ``path`` (default: ``$TFE_ERROR_FILE``); no-op without one."""
-    path = path or os.environ.get(ERROR_FILE_ENV)
+    path = path or environment.text(environment.ERROR_FILE)
     if not path:
         return
     record = {

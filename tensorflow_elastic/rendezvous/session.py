@@ -1,90 +1,82 @@
-"""This process's place in the elastic job: its node id, its generation, and how it re-forms.
+"""A worker's membership: its node id, its generation, and the re-form protocol it follows.
 
-`init()` connects to the orchestrator with the settings the launcher puts in
-the environment. A node that arrives while a job runs registers (gets its
-permanent id) without joining yet, so it can build its model and trace its
-functions while the members keep training; it joins when training starts.
+TensorFlow-free, so the protocol is testable without a cluster. A node that
+arrives while a job runs registers (gets its permanent id) without joining
+yet, so it can build its model and trace its functions while the members keep
+training; it joins when training starts.
 
 Two threads keep the view current: heartbeats (liveness, nodes waiting to
-join) and the orchestrator's watch stream, which unblocks this process's
-collectives at once when a peer is gone.
+join) and the orchestrator's watch stream. What follows from a change is left
+to listeners: `on_peers_lost` (unblock whatever waits on a lost peer) and
+`on_regroup` (move to the new generation's members before its barrier).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import socket
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Callable
 
-from tensorflow_elastic import events
-from tensorflow_elastic.agent import ports
-from tensorflow_elastic.agent.spec import parse_endpoint
-from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic import environment
+from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
-from tensorflow_elastic.rendezvous import Client
-from tensorflow_elastic.rendezvous.auth import TOKEN_ENV
+from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
                                                   RendezvousError, RunFailedError)
-
-if TYPE_CHECKING:
-    from tensorflow_elastic.strategy.strategy import ElasticMultiWorkerMirroredStrategy
+from tensorflow_elastic.rendezvous.types import Membership
 
 logger = logging.getLogger(__name__)
 
-ENDPOINT_ENV = "TFE_RDZV_ENDPOINT"
-RUN_ID_ENV = "TFE_RUN_ID"
-ADDRESS_ENV = "TFE_ADDRESS"
-# A listening socket the launcher's agent passes down, holding the port of ADDRESS_ENV.
-ADDRESS_FD_ENV = "TFE_ADDRESS_FD"
-MIN_NODES_ENV = "TFE_MIN_NODES"
-MAX_NODES_ENV = "TFE_MAX_NODES"
-JOIN_TIMEOUT_ENV = "TFE_JOIN_TIMEOUT"
-STEP_EVENTS_ENV = "TFE_STEP_EVENTS_EVERY"
-PROGRESS_TIMEOUT_ENV = "TFE_PROGRESS_TIMEOUT"
-DEFAULT_PROGRESS_TIMEOUT_S = 600.0
-
 DEFAULT_JOIN_TIMEOUT_S = 600.0
 DEFAULT_BARRIER_TIMEOUT_S = 120.0
+DEFAULT_PROGRESS_TIMEOUT_S = 600.0
 HEARTBEAT_INTERVAL_S = 0.5
 
-_runtime: "ElasticRuntime | None" = None
-_runtime_lock = threading.Lock()
+PeersLostListener = Callable[[str], None]
+RegroupListener = Callable[[Membership], None]
 
 
-class ElasticRuntime:
-    """The membership of this process and the re-form protocol it follows."""
+class MembershipSession:
+    """One node's membership of an elastic job, and the re-form protocol every member follows."""
 
     def __init__(self, client: Client, address: str, min_nodes: int, max_nodes: int,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
-                 address_reservation: socket.socket | None = None):
+                 progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10):
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}:{max_nodes}")
         self.client = client
         self.address = address
-        self._address_reservation = address_reservation
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
         self.join_timeout = join_timeout
         self.events = events.EventLog(source="worker")
-        self._steps = StepReporter(every=int(os.environ.get(STEP_EVENTS_ENV, "10")))
-        # The watchdog: no commit for this long while training aborts the
-        # collectives, so a hang nobody detected still ends in an error.
-        self.progress_timeout = float(os.environ.get(PROGRESS_TIMEOUT_ENV,
-                                                     DEFAULT_PROGRESS_TIMEOUT_S))
+        self._steps = StepReporter(every=step_events_every)
+        # The watchdog: no commit for this long while training tells the
+        # listeners that peers are lost, so a hang nobody detected still ends in an error.
+        self.progress_timeout = progress_timeout
         self._last_progress: float | None = None
-        self.membership = None
+        self.membership: Membership | None = None
         self.standby = False
-        self.strategy: ElasticMultiWorkerMirroredStrategy | None = None
         self._waiting = 0
         self._leave_requested = threading.Event()
         self._unplanned_change = threading.Event()
         self._reforming = threading.Event()
         self._failure_reason = ""
         self._watch_thread: threading.Thread | None = None
+        self._peers_lost_listeners: list[PeersLostListener] = []
+        self._regroup_listeners: list[RegroupListener] = []
+
+    # ---------------------------------------------------------------- listeners
+
+    def on_peers_lost(self, listener: PeersLostListener) -> None:
+        """`listener(reason)` runs (on a background thread) when peers may be gone."""
+        self._peers_lost_listeners.append(listener)
+
+    def on_regroup(self, listener: RegroupListener) -> None:
+        """`listener(membership)` runs at every re-form, before the new generation's barrier."""
+        self._regroup_listeners.append(listener)
 
     # ---------------------------------------------------------------- joining
 
@@ -102,12 +94,9 @@ class ElasticRuntime:
             logger.info("node %d registered; joins when training starts", self.client.node_id)
         else:
             self._join()
-        from tensorflow_elastic.strategy import cluster
 
-        cluster.configure(self.node_id)
-        if threading.current_thread() is threading.main_thread():
-            # A preemption notice: finish the step, commit, leave; nobody rolls back.
-            signal.signal(signal.SIGTERM, lambda signum, frame: self.request_leave())
+    def start_watching(self) -> None:
+        """Starts the heartbeat and watch threads."""
         self.client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat)
         self._watch_thread = threading.Thread(target=self._watch, name="tfe-watch", daemon=True)
         self._watch_thread.start()
@@ -121,21 +110,10 @@ class ElasticRuntime:
         return 0 if self.membership is None else self.membership.generation
 
     def initial_cluster(self) -> tuple[int, dict[int, str], int]:
-        """(node id, members, generation) for the strategy's first server: a standby node is alone."""
+        """(node id, members, generation) for the first server: a standby node is alone."""
         if self.standby:
             return self.node_id, {self.node_id: self.address}, 0
         return self.node_id, dict(self.membership.members), self.membership.generation
-
-    def release_address(self) -> None:
-        """Frees this node's port for its TensorFlow server, which binds it next."""
-        if self._address_reservation is not None:
-            self._address_reservation.close()
-            self._address_reservation = None
-
-    def attach_strategy(self, strategy: "ElasticMultiWorkerMirroredStrategy") -> None:
-        if self.strategy is not None and self.strategy is not strategy:
-            raise RuntimeError("only one ElasticMultiWorkerMirroredStrategy per process")
-        self.strategy = strategy
 
     def _join(self) -> None:
         """Blocks until this node is a member of a generation newer than its last one."""
@@ -145,7 +123,7 @@ class ElasticRuntime:
         except RunFailedError as e:
             raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
         self._unplanned_change.clear()
-        if self.standby or self.strategy is None:
+        if self.standby or not self._regroup_listeners:
             self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
                                generation=self.membership.generation,
                                members=sorted(self.membership.members),
@@ -181,8 +159,8 @@ class ElasticRuntime:
 
     def _regroup(self) -> None:
         membership = self.membership
-        if self.strategy is not None:
-            self.strategy.extended.regroup(membership.members, membership.generation)
+        for listener in self._regroup_listeners:
+            listener(membership)
         self.client.barrier(f"generation-{membership.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
         self.events.record(events.GENERATION_START, node=self.node_id,
                            generation=membership.generation, members=sorted(membership.members),
@@ -203,6 +181,16 @@ class ElasticRuntime:
             logger.info("generation %d ended while its members finished the step", self.generation)
         finally:
             self._reforming.clear()
+
+    def exchange(self, topic: str, value: bytes) -> dict[int, bytes]:
+        """Every current member's `value` for `topic`, by node id (a small all-gather).
+
+        Raises GenerationEnded when a member is lost while the others gather.
+        """
+        try:
+            return self.client.synchronize(f"{topic}-{self.generation}", value)
+        except GenerationChangedError as e:
+            raise GenerationEnded(str(e)) from None
 
     def wants_reform(self) -> bool:
         """This member's vote at a commit: nodes wait to join, it is leaving, or the group changed."""
@@ -225,30 +213,19 @@ class ElasticRuntime:
         self.close()
 
     def report_step(self, step: int) -> None:
-        """Notes progress for the watchdog; a `step` event every TFE_STEP_EVENTS_EVERY commits."""
+        """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
         self._last_progress = time.monotonic()
         if self._steps.due(step):
             self._steps.report(step, self.membership.world_size, node=self.node_id,
                                generation=self.generation)
 
-    def report_failure(self, error: BaseException) -> None:
-        """Tells the orchestrator which peers this process cannot reach."""
-        from tensorflow.python.eager import context
-
-        peers = []
-        for node_id in sorted(self.membership.members):
-            if node_id == self.node_id:
-                continue
-            try:
-                context.context().check_collective_ops_peer_health(
-                    f"/job:worker/replica:0/task:{node_id}", timeout_in_ms=1000)
-            except Exception:  # noqa: BLE001 - any failure to answer means unreachable
-                peers.append(node_id)
+    def report_failure(self, peers: list[int], reason: str, detail: str) -> None:
+        """Records the failure and tells the orchestrator which peers this node cannot reach."""
         self.events.record(events.FAILURE_DETECTED, node=self.node_id, generation=self.generation,
-                           failed=peers, cause=f"{type(error).__name__}: {str(error)[:200]}")
+                           failed=peers, cause=f"{reason}: {detail[:200]}")
         if peers:
             try:
-                self.client.report_failure(peers, reason=type(error).__name__)
+                self.client.report_failure(peers, reason=reason)
             except GenerationChangedError:
                 pass  # another member's report already started the next generation
 
@@ -274,18 +251,20 @@ class ElasticRuntime:
     def close(self) -> None:
         self.client.stop_heartbeats()
 
-    # ------------------------------------------------------------ listeners
+    def check_job_alive(self) -> None:
+        if self._failure_reason:
+            raise ElasticJobFailed(self._failure_reason)
+
+    # ------------------------------------------------------------ background
 
     def _on_heartbeat(self, info) -> None:
         self._waiting = info.waiting
         if (self._last_progress is not None and not self._reforming.is_set()
                 and time.monotonic() - self._last_progress > self.progress_timeout):
             self._last_progress = time.monotonic()
-            from tensorflow_elastic.strategy import cluster
-
-            cluster.abort_collectives(
-                f"no commit for {self.progress_timeout:g} s ({PROGRESS_TIMEOUT_ENV}); a peer "
-                f"may hang without having failed")
+            self._tell_peers_lost(
+                f"no commit for {self.progress_timeout:g} s ({environment.PROGRESS_TIMEOUT}); a "
+                f"peer may hang without having failed")
         if info.state == "FAILED":
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed")
@@ -311,99 +290,9 @@ class ElasticRuntime:
         if self._reforming.is_set():
             return
         self._unplanned_change.set()
-        from tensorflow_elastic.strategy import cluster
-
         # Peers are gone: stop waiting on them now rather than at the timeout.
-        cluster.abort_collectives(f"membership changed: {reason}")
+        self._tell_peers_lost(f"membership changed: {reason}")
 
-    def check_job_alive(self) -> None:
-        if self._failure_reason:
-            raise ElasticJobFailed(self._failure_reason)
-
-
-def _inherited_hold(port: int) -> socket.socket | None:
-    """The socket the launcher passed down holding `port` (ADDRESS_FD_ENV), if there is one."""
-    fd = os.environ.pop(ADDRESS_FD_ENV, None)
-    if fd is None:
-        return None
-    try:
-        held = socket.socket(fileno=int(fd))
-    except (ValueError, OSError):
-        logger.warning("%s=%s is not an open socket; holding the port anew", ADDRESS_FD_ENV, fd)
-        return None
-    held.set_inheritable(False)  # the worker's own children must not keep the port
-    if held.getsockname()[1] != port:
-        held.close()
-        return None
-    return held
-
-
-def _reserve(address: str | None) -> tuple[str, socket.socket]:
-    """(address, its held port): `address`, or a free loopback one; held until the server binds.
-
-    A port the launcher passed down held (ADDRESS_FD_ENV) stays held, with no gap.
-    """
-    if not address:
-        reservation = ports.reserve_port("127.0.0.1")
-        return ports.format_address("127.0.0.1", reservation.getsockname()[1]), reservation
-    host, port = parse_endpoint(address)
-    inherited = _inherited_hold(port)
-    if inherited is not None:
-        return address, inherited
-    try:
-        return address, ports.reserve_port(host, port)
-    except OSError as e:
-        raise ElasticJobFailed(
-            f"this node's address {address} cannot be used: port {port} is taken ({e.strerror}); "
-            f"give the node a free port ({ADDRESS_ENV}, init(address=...)) or leave it out to "
-            f"get one") from None
-
-
-def init(endpoint: str | None = None, run_id: str | None = None, token: str | None = None,
-         address: str | None = None, min_nodes: int | None = None,
-         max_nodes: int | None = None) -> ElasticRuntime:
-    """Connects this process to its elastic job; arguments default to the launcher's environment."""
-    global _runtime
-    with _runtime_lock:
-        if _runtime is not None:
-            return _runtime
-        endpoint = endpoint or os.environ.get(ENDPOINT_ENV)
-        if not endpoint:
-            raise ElasticJobFailed(
-                f"no orchestrator endpoint: start the script with tfelastic-run, or pass "
-                f"tensorflow_elastic.init(endpoint='HOST:PORT'), or set {ENDPOINT_ENV}")
-        run_id = run_id or os.environ.get(RUN_ID_ENV, "default")
-        token = token or os.environ.get(TOKEN_ENV) or None
-        address, reservation = _reserve(address or os.environ.get(ADDRESS_ENV))
-        min_nodes = min_nodes or int(os.environ.get(MIN_NODES_ENV, "1"))
-        max_nodes = max_nodes or int(os.environ.get(MAX_NODES_ENV, str(max(min_nodes, 1))))
-        join_timeout = float(os.environ.get(JOIN_TIMEOUT_ENV, DEFAULT_JOIN_TIMEOUT_S))
-        runtime = ElasticRuntime(Client(endpoint, run_id, token), address, min_nodes, max_nodes,
-                                 join_timeout, address_reservation=reservation)
-        runtime.start()
-        _runtime = runtime
-        return runtime
-
-
-def ensure_initialized(min_nodes: int | None = None, max_nodes: int | None = None) -> ElasticRuntime:
-    """The runtime, initialized if needed; bounds that contradict the running job are an error."""
-    if _runtime is None:
-        return init(min_nodes=min_nodes, max_nodes=max_nodes)
-    for name, asked, actual in (("min_nodes", min_nodes, _runtime.min_nodes),
-                                ("max_nodes", max_nodes, _runtime.max_nodes)):
-        if asked is not None and asked != actual:
-            raise ValueError(
-                f"{name}={asked} differs from the job's {name}={actual} (set by "
-                f"tensorflow_elastic.init() or the launcher's --nnodes); pass the same bounds "
-                f"or leave them out")
-    return _runtime
-
-
-def current_or_none() -> ElasticRuntime | None:
-    return _runtime
-
-
-def current() -> ElasticRuntime:
-    if _runtime is None:
-        raise ElasticJobFailed("tensorflow_elastic.init() has not been called in this process")
-    return _runtime
+    def _tell_peers_lost(self, reason: str) -> None:
+        for listener in self._peers_lost_listeners:
+            listener(reason)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
-from tensorflow_elastic import runtime as runtime_lib
+from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.errors import MembershipChanged
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 
@@ -93,12 +93,12 @@ class State:
         Every member votes at the same commit, so a growth or a leave happens
         at the same step everywhere and loses no work.
         """
-        rt = runtime_lib.current()
-        rt.check_job_alive()
+        session = runtime_lib.current().session
+        session.check_job_alive()
         vote = _strategy().extended.vote
         tally = self._save_reading_tally(vote)
         self._commits += 1
-        rt.report_step(self._commits)
+        session.report_step(self._commits)
         if vote.outcome(tally):
             raise MembershipChanged("membership changes at this commit")
 
@@ -121,9 +121,8 @@ class State:
         Nothing local changes here, so a sync that fails half-way leaves the last
         commit intact.
         """
-        rt = runtime_lib.current()
-        shared = rt.client.synchronize(f"state-{rt.generation}",
-                                       pickle.dumps((self._values, self._commits)))
+        shared = runtime_lib.current().session.exchange(
+            "state", pickle.dumps((self._values, self._commits)))
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
         source = furthest_ahead({node_id: commits for node_id, (_, commits) in states.items()})
         return _Furthest(source, *states[source])
@@ -207,8 +206,9 @@ class TensorFlowState(State):
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
         if variables:
-            values = _broadcast_from([tf.convert_to_tensor(v) for v in variables],
-                                     runtime_lib.current().node_id == furthest.source)
+            is_source = runtime_lib.current().session.node_id == furthest.source
+            values = _strategy().extended.broadcast_from(
+                [tf.convert_to_tensor(v) for v in variables], is_source)
             self._assign(values)
         self._adopt(furthest)
 
@@ -251,10 +251,6 @@ def _strategy():
     return strategy
 
 
-def _host_launcher():
-    return _strategy().extended._host_cross_device_ops._launchers[0]
-
-
 def _local_copy(variable):
     """The plain variable behind a Keras or mirrored variable: reading it is 3x cheaper."""
     inner = getattr(variable, "_value", None)
@@ -264,23 +260,3 @@ def _local_copy(variable):
         variable = variable.values[0]
     return variable
 
-
-def _broadcast_from(tensors: list[tf.Tensor], is_source: bool) -> list[tf.Tensor]:
-    """The source member's tensors on every member, in one all-reduce per dtype."""
-    launcher = _host_launcher()
-    by_dtype: dict[tf.DType, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    result: list[tf.Tensor | None] = [None] * len(tensors)
-    for dtype, indices in by_dtype.items():
-        flat = tf.concat([tf.reshape(tensors[i], [-1]) for i in indices], axis=0)
-        if not is_source:
-            flat = tf.zeros_like(flat)
-        if dtype == tf.bool:
-            summed = tf.cast(launcher.all_reduce(tf.cast(flat, tf.int32)), tf.bool)
-        else:
-            summed = launcher.all_reduce(flat)
-        sizes = [int(tf.size(tensors[i])) for i in indices]
-        for i, part in zip(indices, tf.split(summed, sizes)):
-            result[i] = tf.reshape(part, tensors[i].shape)
-    return result

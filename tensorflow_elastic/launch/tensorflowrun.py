@@ -25,10 +25,10 @@ import threading
 import time
 from typing import NoReturn
 
-from tensorflow_elastic.agent.process import WorkerProcess
-from tensorflow_elastic.agent.spec import AUTO, IN_PROCESS, RESTART, parse_endpoint, worker_env
-from tensorflow_elastic.distributed import hosts as hosts_lib
-from tensorflow_elastic.events import EVENTS_FILE_ENV
+from tensorflow_elastic import environment, net
+from tensorflow_elastic.launch.process import WorkerProcess
+from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
+from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError
 
 PROG = "tensorflowrun"
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s, a free port, this machine only)")
     p.add_argument("--run_id", default="default", metavar="ID", help="the job's name")
     p.add_argument("--events_file", metavar="PATH",
-                   help=f"the job's events file (default: ${EVENTS_FILE_ENV} if set)")
+                   help=f"the job's events file (default: ${environment.EVENTS_FILE} if set)")
     p.add_argument("--max_restarts", type=int, default=3, metavar="N",
                    help="worker restarts per agent (default: %(default)s)")
     p.add_argument("--monitor_interval", type=float, default=1.0, metavar="S",
@@ -184,7 +184,7 @@ class Supervisor:
 
     def _agent_command(self, host: str, slots: int) -> list[str]:
         args = self.args
-        launch = ["-m", "tensorflow_elastic.distributed.launch",
+        launch = ["-m", "tensorflow_elastic.launch.launcher",
                   "--rdzv_endpoint", self.endpoint, "--run_id", args.run_id,
                   "--nnodes", f"{args.min_nodes}:{args.max_nodes}",
                   "--nproc_per_node", str(slots), "--address", host,
@@ -262,10 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("discovery_interval", "cooldown", "max_cooldown", "idle_timeout", "stop_timeout"):
         if getattr(args, flag) <= 0:
             _die(f"--{flag} must be > 0")
-    if args.events_file or os.environ.get(EVENTS_FILE_ENV):
-        args.events_file = os.path.abspath(args.events_file or os.environ[EVENTS_FILE_ENV])
+    events_file = args.events_file or environment.text(environment.EVENTS_FILE)
+    if events_file:
+        args.events_file = os.path.abspath(events_file)
     try:
-        host, port = parse_endpoint(args.rdzv_endpoint)
+        host, port = net.parse_address(args.rdzv_endpoint, allow_port_zero=True)
     except ValueError as e:
         _die(f"--rdzv_endpoint: {e}")
     server = Orchestrator(host, port, events_file=args.events_file)

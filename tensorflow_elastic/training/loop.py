@@ -6,11 +6,11 @@ import functools
 import logging
 from typing import Callable, TypeVar
 
-from tensorflow_elastic import events
-from tensorflow_elastic import runtime as runtime_lib
-from tensorflow_elastic.errors import ElasticJobFailed, MembershipChanged, is_recoverable
-from tensorflow_elastic.rendezvous.errors import GenerationChangedError
-from tensorflow_elastic.state import State
+from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded, MembershipChanged
+from tensorflow_elastic.observability import events
+from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.strategy.cluster import is_recoverable
+from tensorflow_elastic.training.state import State
 
 logger = logging.getLogger(__name__)
 
@@ -27,7 +27,8 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(func)
     def wrapper(state: State, *args, **kwargs) -> T:
         rt = runtime_lib.current()
-        rt.enter_training()
+        session = rt.session
+        session.enter_training()
         reforms_without_progress = 0
         while True:
             commits_before = state.commits
@@ -37,29 +38,30 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 in_step = True
                 result = func(state, *args, **kwargs)
             except MembershipChanged:
-                rt.finish_step_together()
-                if rt.leave_requested:
-                    rt.leave("leave requested")
+                session.finish_step_together()
+                if session.leave_requested:
+                    session.leave("leave requested")
                     raise SystemExit(0)
-            except GenerationChangedError:
+            except GenerationEnded:
                 if in_step:
                     raise
                 # A member was lost while the others gathered to sync: nothing ran yet.
                 logger.warning("generation %d ended during the state sync; re-forming",
-                               rt.generation)
+                               session.generation)
             except Exception as error:  # noqa: BLE001 - filtered just below
                 if not is_recoverable(error):
                     raise
-                rt.check_job_alive()
+                session.check_job_alive()
                 logger.warning("collective failed (%s); re-forming", type(error).__name__)
                 rt.report_failure(error)
                 # The steps finished since the last commit, plus the one in flight.
                 lost_steps = state.uncommitted_steps() + 1 if in_step else 0
                 state.restore()
-                rt.events.record(events.STATE_RESTORED, node=rt.node_id, generation=rt.generation,
-                                 step=state.commits, lost_steps=lost_steps)
+                session.events.record(events.STATE_RESTORED, node=session.node_id,
+                                      generation=session.generation, step=state.commits,
+                                      lost_steps=lost_steps)
             else:
-                rt.finish()
+                session.finish()
                 return result
             if state.commits == commits_before:
                 reforms_without_progress += 1
@@ -69,7 +71,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                         f"giving up (see the events file for the failures)")
             else:
                 reforms_without_progress = 0
-            rt.reform()
+            session.reform()
             state.on_reset()
 
     return wrapper

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 
 pytestmark = pytest.mark.multiprocess
 

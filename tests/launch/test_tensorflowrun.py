@@ -4,11 +4,11 @@ import signal
 
 import pytest
 
-from tensorflow_elastic.distributed import hosts
+from tensorflow_elastic.launch import hosts
 
 pytestmark = pytest.mark.multiprocess
 
-RUNNER = "tensorflow_elastic.distributed.tensorflowrun"
+RUNNER = "tensorflow_elastic.launch.tensorflowrun"
 
 
 def _discovery(tmp_path, lines: str):

@@ -11,9 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
-from tensorflow_elastic import runtime as runtime_lib
-from tensorflow_elastic import state as state_lib
-from tensorflow_elastic.state import furthest_ahead
+from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.training.state import furthest_ahead
 
 
 def test_attributes_roll_back_to_the_last_save():
@@ -110,10 +109,10 @@ def _members_ahead(monkeypatch, broadcast):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast` stands in
     for the collective that sends node 0's variables."""
     ahead = pickle.dumps(({"step": 7}, 7))
-    client = SimpleNamespace(synchronize=lambda key, blob: {0: ahead, 1: blob})
+    session = SimpleNamespace(node_id=1, exchange=lambda topic, blob: {0: ahead, 1: blob})
+    strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_from=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(generation=2, node_id=1, client=client))
-    monkeypatch.setattr(state_lib, "_broadcast_from", broadcast)
+                        lambda: SimpleNamespace(session=session, strategy=strategy))
 
 
 def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):

@@ -1,6 +1,6 @@
 """The local agent: one per node, it starts, watches and restarts the node's worker processes.
 
-A state machine (see :class:`~tensorflow_elastic.agent.spec.WorkerState`):
+A state machine (see :class:`~tensorflow_elastic.launch.spec.WorkerState`):
 
     INIT --rendezvous, start--> HEALTHY --all finished--> exit barrier --> SUCCEEDED
                                  |   ^
@@ -28,10 +28,11 @@ import threading
 import time
 from typing import Protocol, TextIO
 
-from tensorflow_elastic import events
-from tensorflow_elastic.agent.errors import ERROR_FILE_ENV, WorkerFailure, root_cause_summary
-from tensorflow_elastic.agent.process import WorkerProcess
-from tensorflow_elastic.agent.spec import WorkerSpec, WorkerState, worker_env
+from tensorflow_elastic import environment
+from tensorflow_elastic.observability import events
+from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
+from tensorflow_elastic.launch.process import WorkerProcess
+from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
 from tensorflow_elastic.observability.progress import ProgressTracker
 
 
@@ -56,7 +57,7 @@ class Elasticity(Protocol):
 
 
 @dataclasses.dataclass
-class RunResult:
+class AgentResult:
     """How the agent's run ended; ``exit_code`` is what the launcher exits with."""
 
     state: WorkerState
@@ -99,7 +100,7 @@ class LocalAgent:
     def worker_pids(self) -> list[int | None]:
         return [w.pid if w is not None else None for w in self._workers]
 
-    def run(self) -> RunResult:
+    def run(self) -> AgentResult:
         try:
             return self._run()
         finally:
@@ -109,7 +110,7 @@ class LocalAgent:
             self.elasticity.close()
             self._events.close()
 
-    def _run(self) -> RunResult:
+    def _run(self) -> AgentResult:
         if self.spec.rdzv_endpoint:
             self._info("rendezvous at %s (run %s, nodes %d:%d)", self.spec.rdzv_endpoint,
                        self.spec.run_id, self.spec.min_nodes, self.spec.max_nodes)
@@ -161,10 +162,10 @@ class LocalAgent:
         if os.path.exists(error_file):
             os.remove(error_file)
         extra = self.elasticity.worker_env(slot)
-        extra.update({ERROR_FILE_ENV: error_file, "TFE_LOCAL_RANK": str(slot),
-                      "TFE_RESTART_COUNT": str(self.restarts)})
+        extra.update({environment.ERROR_FILE: error_file, environment.LOCAL_RANK: str(slot),
+                      environment.RESTART_COUNT: str(self.restarts)})
         if self.spec.events_file:
-            extra[events.EVENTS_FILE_ENV] = self.spec.events_file
+            extra[environment.EVENTS_FILE] = self.spec.events_file
         inherited = self.elasticity.inherited_sockets(slot)
         try:
             worker = WorkerProcess(self.spec.command(), worker_env(extra), error_file,
@@ -232,7 +233,7 @@ class LocalAgent:
                    failure.pid, failure.cause)
         return failure
 
-    def _on_failures(self, slots: list[int]) -> RunResult | None:
+    def _on_failures(self, slots: list[int]) -> AgentResult | None:
         self.state = WorkerState.UNHEALTHY
         for slot in slots:
             self._record_failure(slot)
@@ -263,7 +264,7 @@ class LocalAgent:
         self.state = WorkerState.HEALTHY
         return None
 
-    def _restart_group(self) -> RunResult | None:
+    def _restart_group(self) -> AgentResult | None:
         self._stop_workers()
         try:
             self.elasticity.rendezvous()
@@ -290,7 +291,7 @@ class LocalAgent:
 
     # ------------------------------------------------------------------ endings
 
-    def _finish(self) -> RunResult:
+    def _finish(self) -> AgentResult:
         if not self._any_succeeded():
             return self._give_up()
         self.elasticity.exit_barrier()
@@ -305,7 +306,7 @@ class LocalAgent:
                                f"this node were survived")
         return self._result(WorkerState.SUCCEEDED, 0, summary)
 
-    def _give_up(self) -> RunResult:
+    def _give_up(self) -> AgentResult:
         self._stop_workers()
         self.elasticity.leave("the node's workers failed")
         return self._result(
@@ -314,7 +315,7 @@ class LocalAgent:
                                               f"{self.restarts} restart(s) "
                                               f"(--max_restarts={self.spec.max_restarts})"))
 
-    def _stop(self, signum: int) -> RunResult:
+    def _stop(self, signum: int) -> AgentResult:
         name = signal.Signals(signum).name
         self._info("got %s: forwarding SIGTERM to the workers (graceful leave)", name)
         self._stop_workers(signal.SIGTERM)
@@ -326,13 +327,13 @@ class LocalAgent:
         code = 0 if all(c == 0 for c in self._exit_codes) else 128 + signum
         return self._result(WorkerState.STOPPED, code, "")
 
-    def _fail_without_workers(self, reason: str) -> RunResult:
+    def _fail_without_workers(self, reason: str) -> AgentResult:
         return self._result(WorkerState.FAILED, 1, f"tfelastic-run: {reason}")
 
-    def _result(self, state: WorkerState, code: int, summary: str) -> RunResult:
+    def _result(self, state: WorkerState, code: int, summary: str) -> AgentResult:
         self.state = state
         self._info("%s (exit code %d, %d restart(s))", state.value, code, self.restarts)
-        return RunResult(state, code, self.restarts, list(self.failures), summary)
+        return AgentResult(state, code, self.restarts, list(self.failures), summary)
 
     # ----------------------------------------------------------------- output
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 
 pytestmark = pytest.mark.multiprocess
 

@@ -16,9 +16,9 @@ import socket
 import threading
 import time
 
-from tensorflow_elastic import runtime
-from tensorflow_elastic.agent.ports import PortAllocator
-from tensorflow_elastic.agent.spec import WorkerSpec
+from tensorflow_elastic import environment
+from tensorflow_elastic.launch.ports import PortAllocator
+from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Client
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN, RendezvousError
 
@@ -80,15 +80,15 @@ class InProcessElasticity:
         return self._world_size
 
     def worker_env(self, slot: int) -> dict[str, str]:
-        env = {runtime.ENDPOINT_ENV: self.spec.rdzv_endpoint, runtime.RUN_ID_ENV: self.spec.run_id,
-               runtime.ADDRESS_ENV: self._addresses[slot],
-               runtime.MIN_NODES_ENV: str(self.spec.min_nodes),
-               runtime.MAX_NODES_ENV: str(self.spec.max_nodes),
-               runtime.JOIN_TIMEOUT_ENV: str(self.spec.join_timeout)}
+        env = {environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
+               environment.ADDRESS: self._addresses[slot],
+               environment.MIN_NODES: str(self.spec.min_nodes),
+               environment.MAX_NODES: str(self.spec.max_nodes),
+               environment.JOIN_TIMEOUT: str(self.spec.join_timeout)}
         if self.spec.token:
-            env[runtime.TOKEN_ENV] = self.spec.token
+            env[environment.TOKEN] = self.spec.token
         if slot in self._held:
-            env[runtime.ADDRESS_FD_ENV] = str(self._held[slot].fileno())
+            env[environment.ADDRESS_FD] = str(self._held[slot].fileno())
         return env
 
     def inherited_sockets(self, slot: int) -> list[socket.socket]:

@@ -1,0 +1,10 @@
+"""Supervision: `tfelastic-run` and `tensorflowrun`, the local agent that starts, monitors and
+restarts a node's workers, its elasticity modes (in-process, restart, PS roles) and error files.
+"""
+
+from tensorflow_elastic.launch.agent import AgentResult, LocalAgent
+from tensorflow_elastic.launch.error_files import WorkerFailure, record
+from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, WorkerState
+
+__all__ = ["IN_PROCESS", "RESTART", "AgentResult", "LocalAgent", "WorkerFailure", "WorkerSpec",
+           "WorkerState", "record"]

@@ -1,0 +1,319 @@
+"""``tfelastic-run`` (``python -m tensorflow_elastic.distributed.launch``): one node's launcher.
+
+It checks the arguments, reaches (or with ``--standalone`` embeds) the
+orchestrator, and hands the node's worker group to a
+:class:`~tensorflow_elastic.launch.LocalAgent`, which runs it to the end.
+Every bad argument ends here with one line that says what to change and
+exit code 2, before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import threading
+from typing import NoReturn
+
+from tensorflow_elastic import environment, net
+from tensorflow_elastic.launch import IN_PROCESS, LocalAgent, WorkerSpec
+from tensorflow_elastic.launch.in_process import InProcessElasticity
+from tensorflow_elastic.launch.ports import PortAllocator
+from tensorflow_elastic.launch.ps_roles import ParameterServerRoles
+from tensorflow_elastic.launch.restart import RestartElasticity
+from tensorflow_elastic.launch.spec import AUTO, RESTART, default_log_dir, parse_nnodes
+from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
+from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError, auth
+from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
+
+PROG = "tfelastic-run"
+ORCHESTRATOR_ONLY = "start"
+COLLECTIVE = "collective"
+DEFAULT_ENDPOINT = "127.0.0.1:29400"
+
+_DESCRIPTION = """\
+Runs one node of an elastic TensorFlow job: starts --nproc_per_node worker
+processes of SCRIPT, keeps them alive (restarting a crashed one up to
+--max_restarts times), and follows the job's membership through the
+orchestrator at --rdzv_endpoint.
+
+Two kinds of scripts:
+  * elastic-aware (calls tensorflow_elastic.init() and uses
+    ElasticMultiWorkerMirroredStrategy): nodes come and go inside the running
+    workers; nothing restarts.
+  * plain MultiWorkerMirroredStrategy (reads TF_CONFIG): on every membership
+    change every worker restarts with a new TF_CONFIG and resumes from its
+    BackupAndRestore or checkpoint.
+The kind is detected from the script's source (see --elastic_mode).
+
+With --role ps or --role worker the script runs in the asynchronous
+parameter-server mode instead (tensorflow_elastic.ps.run): no orchestrator,
+the PS at --ps_address holds the membership, and each process restarts alone.
+"""
+
+_EPILOG = """\
+examples:
+  # everything on this machine: an embedded orchestrator and 3 workers
+  tfelastic-run --standalone --nnodes 2:3 --nproc_per_node 3 train.py
+
+  # an orchestrator alone, then one launcher per machine
+  tfelastic-run --standalone --rdzv_endpoint=localhost:5555 start
+  tfelastic-run --monitor_interval=5 --address=$(hostname -i):5556 --nnodes=2:3 \\
+      --rdzv_endpoint=localhost:5555 train.py
+
+  # asynchronous parameter-server mode: one PS, then workers (here or elsewhere)
+  tfelastic-run --role ps --ps_address 127.0.0.1:7070 --ps_checkpoint_dir ckpt train.py
+  tfelastic-run --role worker --ps_address 127.0.0.1:7070 --nproc_per_node 3 train.py
+
+Node counts (--nnodes) count worker processes over all machines: each worker
+is one node of the orchestrator. Output lines are prefixed with the node id.
+A failed run prints a root-cause summary (first failure, its traceback).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--standalone", action="store_true",
+                   help="embed the orchestrator in this launcher (at --rdzv_endpoint, default: a "
+                   "free port on 127.0.0.1); with the script 'start' run only the orchestrator")
+    p.add_argument("--rdzv_endpoint", metavar="HOST:PORT",
+                   help=f"the orchestrator (default: {DEFAULT_ENDPOINT}; with --standalone the "
+                   f"address to serve at)")
+    p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
+                   help="worker processes in the whole job: N, or MIN:MAX to start at MIN and "
+                   "grow to MAX (default: %(default)s)")
+    p.add_argument("--nproc_per_node", type=int, default=1, metavar="N",
+                   help="worker processes this launcher runs (default: %(default)s)")
+    p.add_argument("--monitor_interval", type=float, default=1.0, metavar="S",
+                   help="seconds between checks of the workers (default: %(default)s)")
+    p.add_argument("--address", metavar="HOST[:PORT]",
+                   help="where other nodes reach this node's workers; PORT is the first worker's "
+                   "TensorFlow port, others get free ports (default: the address on the route to "
+                   "the orchestrator, free ports)")
+    p.add_argument("--max_restarts", type=int, default=3, metavar="N",
+                   help="worker restarts after crashes before this node gives up "
+                   "(default: %(default)s)")
+    p.add_argument("--run_id", default="default", metavar="ID",
+                   help="the job's name on the orchestrator; every node of a job uses the same "
+                   "(default: %(default)s)")
+    p.add_argument("--events_file", metavar="PATH",
+                   help=f"append the job's events (JSON lines) here; workers get it too "
+                   f"(default: ${environment.EVENTS_FILE} if set)")
+    p.add_argument("--elastic_mode", choices=[AUTO, IN_PROCESS, RESTART], default=AUTO,
+                   help="in_process for elastic-aware scripts, restart for plain MWMS scripts; "
+                   "auto picks by looking for tensorflow_elastic's API in the script "
+                   "(default: %(default)s)")
+    p.add_argument("--token_file", help=f"file with the orchestrator's shared token "
+                   f"(default: ${environment.TOKEN} if set)")
+    p.add_argument("--log_dir", help="where workers' error files go (default: a new temporary "
+                   "directory)")
+    p.add_argument("--rdzv_timeout", type=float, default=30.0, metavar="S",
+                   help="seconds to wait for the orchestrator to answer before giving up "
+                   "(default: %(default)s)")
+    p.add_argument("--join_timeout", type=float, default=600.0, metavar="S",
+                   help="seconds to wait for enough nodes to form the job (default: %(default)s)")
+    p.add_argument("--stop_timeout", type=float, default=30.0, metavar="S",
+                   help="seconds a worker gets to stop after SIGTERM before SIGKILL "
+                   "(default: %(default)s)")
+    p.add_argument("--exit_barrier_timeout", type=float, default=300.0, metavar="S",
+                   help="seconds to wait at the end for the other nodes to finish "
+                   "(default: %(default)s)")
+    p.add_argument("--progress_interval", type=float, default=30.0, metavar="S",
+                   help="seconds between progress lines (step, world size, steps/s), read from "
+                   "the events file (default: %(default)s)")
+    p.add_argument("--role", choices=[COLLECTIVE, *ROLES], default=COLLECTIVE,
+                   help="collective: synchronous data-parallel workers (MWMS); ps / worker: the "
+                   "asynchronous parameter-server mode, this launcher runs the PS or "
+                   "--nproc_per_node workers of it (default: %(default)s)")
+    p.add_argument("--ps_address", metavar="HOST:PORT",
+                   help="with --role ps|worker: where the parameter server listens")
+    p.add_argument("--ps_checkpoint_dir", metavar="DIR",
+                   help="with --role ps: where the PS checkpoints and, after a restart, resumes")
+    p.add_argument("script", metavar="SCRIPT",
+                   help="the training script (a .py file, or an executable), or 'start' with "
+                   "--standalone to run only the orchestrator")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="arguments for the script")
+    return p
+
+
+def _die(message: str, code: int = 2) -> NoReturn:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _check_role_args(args: argparse.Namespace) -> None:
+    if args.role == COLLECTIVE:
+        for flag in ("ps_address", "ps_checkpoint_dir"):
+            if getattr(args, flag):
+                _die(f"--{flag} belongs to the parameter-server mode; add --role ps or "
+                     f"--role worker")
+        return
+    if not args.ps_address:
+        _die(f"--role {args.role} needs --ps_address HOST:PORT (where the PS listens)")
+    try:
+        net.parse_address(args.ps_address, allow_port_zero=True)
+    except ValueError as e:
+        _die(f"--ps_address: {e}")
+    if args.role == PS and args.nproc_per_node != 1:
+        _die("--role ps runs one parameter server process; drop --nproc_per_node")
+    if args.role == WORKER and args.ps_checkpoint_dir:
+        _die("--ps_checkpoint_dir is for --role ps (the PS checkpoints, workers do not)")
+    if args.standalone or args.script == ORCHESTRATOR_ONLY:
+        _die(f"--role {args.role} needs no orchestrator; drop --standalone / '{ORCHESTRATOR_ONLY}'")
+
+
+def _check_args(args: argparse.Namespace) -> tuple[int, int]:
+    _check_role_args(args)
+    if args.role != COLLECTIVE:
+        args.nnodes = str(args.nproc_per_node)
+    try:
+        min_nodes, max_nodes = parse_nnodes(args.nnodes)
+        if args.rdzv_endpoint:
+            net.parse_address(args.rdzv_endpoint, allow_port_zero=True)
+        if args.address:
+            _parse_address(args.address)
+    except ValueError as e:
+        _die(str(e))
+    for flag in ("monitor_interval", "rdzv_timeout", "join_timeout", "stop_timeout",
+                 "exit_barrier_timeout", "progress_interval"):
+        if getattr(args, flag) <= 0:
+            _die(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    if args.nproc_per_node < 1:
+        _die(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
+    if args.nproc_per_node > max_nodes:
+        _die(f"--nproc_per_node={args.nproc_per_node} is more than the --nnodes maximum "
+             f"{max_nodes}; raise --nnodes")
+    if args.max_restarts < 0:
+        _die(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    if args.script == ORCHESTRATOR_ONLY:
+        if not args.standalone:
+            _die(f"'{ORCHESTRATOR_ONLY}' runs only an orchestrator and needs --standalone")
+    elif not os.path.isfile(args.script) and shutil.which(args.script) is None:
+        _die(f"script {args.script!r} not found (cwd {os.getcwd()}); give a path to a .py file "
+             f"or an executable")
+    return min_nodes, max_nodes
+
+
+def _parse_address(value: str) -> tuple[str, int]:
+    if value.count(":") == 0 or (value.startswith("[") and value.endswith("]")):
+        return value.strip("[]"), 0
+    return net.parse_address(value, allow_port_zero=True)
+
+
+def _check_reachable(endpoint: str, run_id: str, token: str | None, timeout: float) -> None:
+    with Client(endpoint, run_id, token, retry_timeout=timeout,
+                call_timeout=min(10.0, timeout)) as client:
+        try:
+            client.status()
+        except RendezvousError as e:
+            if e.reason == UNKNOWN_RUN:
+                return  # reachable; this node will be the run's first
+            _die(f"cannot reach the orchestrator at {endpoint} ({e.code.name}: "
+                 f"{e.message.splitlines()[0]}); start one (tfelastic-orchestrator, or "
+                 f"{PROG} --standalone --rdzv_endpoint {endpoint} {ORCHESTRATOR_ONLY}) or fix "
+                 f"--rdzv_endpoint", code=1)
+
+
+def _start_orchestrator(endpoint: str, token: str | None, events_file: str | None) -> Orchestrator:
+    host, port = net.parse_address(endpoint, allow_port_zero=True)
+    server = Orchestrator(host, port, token=token, events_file=events_file)
+    try:
+        server.start()
+    except (OSError, RuntimeError, TimeoutError) as e:
+        _die(f"cannot serve the orchestrator at {endpoint}: {e}; pick a free port with "
+             f"--rdzv_endpoint HOST:PORT", code=1)
+    print(f"listening on {server.endpoint}", flush=True)
+    return server
+
+
+def _on_signals(handler) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: handler(signum))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    min_nodes, max_nodes = _check_args(args)
+    try:
+        token = auth.load_token(args.token_file)
+    except (OSError, ValueError) as e:
+        _die(str(e))
+    events_file = args.events_file or environment.text(environment.EVENTS_FILE)
+    if events_file:
+        events_file = os.path.abspath(events_file)
+
+    if args.role != COLLECTIVE:
+        return _run_agent(args, "", token, events_file, min_nodes, max_nodes,
+                          hosts_orchestrator=False)
+    server = None
+    endpoint = args.rdzv_endpoint or DEFAULT_ENDPOINT
+    if args.standalone:
+        server = _start_orchestrator(args.rdzv_endpoint or "127.0.0.1:0", token, events_file)
+        endpoint = server.endpoint
+    try:
+        if args.script == ORCHESTRATOR_ONLY:
+            stop = threading.Event()
+            _on_signals(lambda signum: stop.set())
+            while not stop.wait(1.0) and server.running:
+                pass
+            return 0
+        _check_reachable(endpoint, args.run_id, token, args.rdzv_timeout)
+        return _run_agent(args, endpoint, token, events_file, min_nodes, max_nodes,
+                          hosts_orchestrator=server is not None)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _elasticity(args: argparse.Namespace, spec: WorkerSpec, ports: PortAllocator,
+                wake: threading.Event, hosts_orchestrator: bool) -> tuple[object, str]:
+    """How this node's workers follow the job's membership, and a line that says so."""
+    if args.role != COLLECTIVE:
+        return (ParameterServerRoles(spec, args.role, args.ps_address, args.ps_checkpoint_dir),
+                f"parameter-server mode, role {args.role}: each process restarts alone")
+    mode, why = spec.resolved_mode()
+    text = f"{mode.replace('_', '-')} elasticity: {why}"
+    if mode == IN_PROCESS:
+        return InProcessElasticity(spec, ports, wake, hosts_orchestrator), text
+    addresses = [ports.address() for _ in range(spec.nproc_per_node)]
+    return RestartElasticity(spec, addresses, wake), text
+
+
+def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
+               events_file: str | None, min_nodes: int, max_nodes: int,
+               hosts_orchestrator: bool) -> int:
+    if args.address:
+        host, first_port = _parse_address(args.address)
+    elif args.role != COLLECTIVE:
+        host, first_port = "127.0.0.1", 0
+    else:
+        endpoint_host = net.parse_address(endpoint, allow_port_zero=True)[0]
+        host, first_port = net.local_address_towards(endpoint_host), 0
+    spec = WorkerSpec(
+        entrypoint=args.script, args=args.script_args, rdzv_endpoint=endpoint, run_id=args.run_id,
+        min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=args.nproc_per_node, host=host,
+        first_port=first_port, max_restarts=args.max_restarts,
+        monitor_interval=args.monitor_interval, mode=args.elastic_mode, token=token,
+        events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
+        stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
+        exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval)
+    wake = threading.Event()
+    elasticity, why = _elasticity(args, spec, PortAllocator(host, first_port), wake,
+                                  hosts_orchestrator)
+    print(f"[agent] {why}", file=sys.stderr, flush=True)
+    agent = LocalAgent(spec, elasticity, wake)
+    _on_signals(agent.request_stop)
+    result = agent.run()
+    if result.summary:
+        print(result.summary, file=sys.stderr, flush=True)
+    if result.failures:
+        print(f"[agent] error files and logs: {spec.log_dir}", file=sys.stderr, flush=True)
+    return result.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""The process's elastic runtime: its membership session wired to TensorFlow, one per process.
+
+`init()` connects to the orchestrator with the settings the launcher puts in
+the environment, prepares TensorFlow's collectives for this node's permanent
+id and holds the node's port until its TensorFlow server binds it. The
+strategy attaches to the runtime; the runtime tells it about re-forms and
+aborts its collectives when peers are lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+
+from tensorflow.python.distribute import distribute_lib
+
+from tensorflow_elastic import environment, net
+from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic.rendezvous import Client, Membership
+from tensorflow_elastic.rendezvous.session import (DEFAULT_JOIN_TIMEOUT_S,
+                                                   DEFAULT_PROGRESS_TIMEOUT_S, MembershipSession)
+from tensorflow_elastic.strategy import cluster
+
+logger = logging.getLogger(__name__)
+
+_runtime: "ElasticRuntime | None" = None
+_runtime_lock = threading.Lock()
+
+
+class ElasticRuntime:
+    """This process's session, its held port and its strategy."""
+
+    def __init__(self, session: MembershipSession,
+                 address_reservation: socket.socket | None = None):
+        self.session = session
+        self._address_reservation = address_reservation
+        self.strategy: distribute_lib.Strategy | None = None
+
+    def start(self) -> None:
+        """Joins (or registers), configures TensorFlow for this node, then follows the membership."""
+        self.session.start()
+        cluster.configure(self.session.node_id)
+        if threading.current_thread() is threading.main_thread():
+            # A preemption notice: finish the step, commit, leave; nobody rolls back.
+            signal.signal(signal.SIGTERM, lambda signum, frame: self.session.request_leave())
+        # Peers are gone: stop waiting on them now rather than at the timeout.
+        self.session.on_peers_lost(cluster.abort_collectives)
+        self.session.start_watching()
+
+    # What scripts read from `tfe.init()`'s result.
+
+    @property
+    def node_id(self) -> int:
+        return self.session.node_id
+
+    @property
+    def generation(self) -> int:
+        return self.session.generation
+
+    @property
+    def membership(self) -> Membership | None:
+        """The current generation: its members, world size and this node's rank."""
+        return self.session.membership
+
+    def release_address(self) -> None:
+        """Frees this node's port for its TensorFlow server, which binds it next."""
+        if self._address_reservation is not None:
+            self._address_reservation.close()
+            self._address_reservation = None
+
+    def attach_strategy(self, strategy: distribute_lib.Strategy) -> None:
+        """Makes `strategy` (an ElasticMultiWorkerMirroredStrategy) follow this process's re-forms."""
+        if self.strategy is strategy:
+            return
+        if self.strategy is not None:
+            raise RuntimeError("only one ElasticMultiWorkerMirroredStrategy per process")
+        self.strategy = strategy
+        self.session.on_regroup(
+            lambda membership: strategy.extended.regroup(membership.members, membership.generation))
+
+    def report_failure(self, error: BaseException) -> None:
+        """Tells the orchestrator which peers this process cannot reach after `error`."""
+        membership = self.session.membership
+        peers = cluster.unreachable_peers(membership.members, self.session.node_id)
+        self.session.report_failure(peers, type(error).__name__, str(error))
+
+
+def _reserve(address: str | None) -> tuple[str, socket.socket]:
+    """(address, its held port): `address`, or a free loopback one; held until the server binds.
+
+    A port the launcher passed down held (environment.ADDRESS_FD) stays held, with no gap.
+    """
+    if not address:
+        reservation = net.hold_port("127.0.0.1")
+        return net.format_address("127.0.0.1", reservation.getsockname()[1]), reservation
+    try:
+        host, port = net.parse_address(address)
+    except net.AddressError as e:
+        raise ElasticJobFailed(f"this node's address is not usable: {e}") from None
+    fd = environment.pop(environment.ADDRESS_FD)
+    inherited = net.inherit_held_port(fd, port)
+    if fd is not None and inherited is None:
+        logger.info("%s=%s does not hold port %d; holding the port anew",
+                    environment.ADDRESS_FD, fd, port)
+    if inherited is not None:
+        return address, inherited
+    try:
+        return address, net.hold_port(host, port)
+    except OSError as e:
+        raise ElasticJobFailed(
+            f"this node's address {address} cannot be used: port {port} is taken ({e.strerror}); "
+            f"give the node a free port ({environment.ADDRESS}, init(address=...)) or leave it out "
+            f"to get one") from None
+
+
+def init(endpoint: str | None = None, run_id: str | None = None, token: str | None = None,
+         address: str | None = None, min_nodes: int | None = None,
+         max_nodes: int | None = None) -> ElasticRuntime:
+    """Connects this process to its elastic job; arguments default to the launcher's environment."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            return _runtime
+        endpoint = endpoint or environment.text(environment.ENDPOINT)
+        if not endpoint:
+            raise ElasticJobFailed(
+                f"no orchestrator endpoint: start the script with tfelastic-run, or pass "
+                f"tensorflow_elastic.init(endpoint='HOST:PORT'), or set {environment.ENDPOINT}")
+        run_id = run_id or environment.text(environment.RUN_ID, "default")
+        token = token or environment.text(environment.TOKEN)
+        address, reservation = _reserve(address or environment.text(environment.ADDRESS))
+        min_nodes = min_nodes or environment.integer(environment.MIN_NODES, 1)
+        max_nodes = max_nodes or environment.integer(environment.MAX_NODES, max(min_nodes, 1))
+        session = MembershipSession(
+            Client(endpoint, run_id, token), address, min_nodes, max_nodes,
+            join_timeout=environment.number(environment.JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT_S),
+            progress_timeout=environment.number(environment.PROGRESS_TIMEOUT,
+                                                DEFAULT_PROGRESS_TIMEOUT_S),
+            step_events_every=environment.integer(environment.STEP_EVENTS_EVERY, 10))
+        runtime = ElasticRuntime(session, address_reservation=reservation)
+        runtime.start()
+        _runtime = runtime
+        return runtime
+
+
+def ensure_initialized(min_nodes: int | None = None, max_nodes: int | None = None) -> ElasticRuntime:
+    """The runtime, initialized if needed; bounds that contradict the running job are an error."""
+    if _runtime is None:
+        return init(min_nodes=min_nodes, max_nodes=max_nodes)
+    session = _runtime.session
+    for name, asked, actual in (("min_nodes", min_nodes, session.min_nodes),
+                                ("max_nodes", max_nodes, session.max_nodes)):
+        if asked is not None and asked != actual:
+            raise ValueError(
+                f"{name}={asked} differs from the job's {name}={actual} (set by "
+                f"tensorflow_elastic.init() or the launcher's --nnodes); pass the same bounds "
+                f"or leave them out")
+    return _runtime
+
+
+def current_or_none() -> ElasticRuntime | None:
+    return _runtime
+
+
+def current() -> ElasticRuntime:
+    if _runtime is None:
+        raise ElasticJobFailed("tensorflow_elastic.init() has not been called in this process")
+    return _runtime

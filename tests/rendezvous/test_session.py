@@ -1,0 +1,72 @@
+"""The membership session's protocol checks that need no orchestrator (a stand-in client)."""
+
+import pytest
+
+from tensorflow_elastic.rendezvous import Membership
+from tensorflow_elastic.rendezvous.errors import GenerationChangedError
+from tensorflow_elastic.rendezvous.session import MembershipSession
+
+
+class _UnusedClient:
+    """The checks below never talk to the orchestrator."""
+
+
+@pytest.fixture
+def job():
+    return MembershipSession(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+
+
+@pytest.mark.parametrize("bounds", [(0, 2), (3, 2)])
+def test_bad_bounds_are_refused(bounds):
+    with pytest.raises(ValueError, match="min_nodes <= max_nodes"):
+        MembershipSession(_UnusedClient(), "127.0.0.1:1", *bounds)
+
+
+def test_waiting_nodes_trigger_a_reform_only_below_max_nodes(job):
+    job.membership = Membership(0, 1, {0: "a", 1: "b"}, 0)
+    assert not job.wants_reform()
+    job._waiting = 1
+    assert job.wants_reform()
+    job.membership = Membership(0, 2, {0: "a", 1: "b", 2: "c", 3: "d"}, 0)
+    assert not job.wants_reform()  # already max_nodes: nobody more can come in
+
+
+def test_a_leave_request_is_a_vote_to_reform(job):
+    job.request_leave()
+    assert job.wants_reform() and job.leave_requested
+
+
+class _BarrierClient:
+    """Records barriers and whether the session was re-forming during each; can fail one."""
+
+    def __init__(self, session_of, error=None):
+        self.session_of = session_of
+        self.error = error
+        self.barriers = []
+
+    def barrier(self, name, timeout):
+        self.barriers.append((name, self.session_of()._reforming.is_set()))
+        if self.error is not None:
+            raise self.error
+
+
+def _member_of_generation_7(barrier_error=None):
+    session = MembershipSession(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+    session.client = _BarrierClient(lambda: session, barrier_error)
+    session.membership = Membership(0, 7, {0: "a", 1: "b"}, 0)
+    return session
+
+
+def test_a_planned_change_waits_for_every_member_to_finish_the_step():
+    session = _member_of_generation_7()
+    session.finish_step_together()
+    # Watch-stream news during the barrier must not abort anything or vote again.
+    assert session.client.barriers == [("change-7", True)]
+    assert not session._reforming.is_set()
+
+
+def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
+    session = _member_of_generation_7(GenerationChangedError("generation 7 ended"))
+    session.finish_step_together()
+    assert session.client.barriers == [("change-7", True)]
+    assert not session._reforming.is_set()

@@ -1,0 +1,87 @@
+"""The runtime's checks that need no cluster (a stand-in session; the rest runs in multi-process tests)."""
+
+import os
+import socket
+
+import pytest
+
+from tensorflow_elastic import environment, net
+from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic.rendezvous.session import MembershipSession
+from tensorflow_elastic.strategy import runtime
+
+
+class _UnusedClient:
+    """The checks below never talk to the orchestrator."""
+
+
+@pytest.fixture
+def job(monkeypatch):
+    rt = runtime.ElasticRuntime(
+        MembershipSession(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4))
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    return rt
+
+
+def test_matching_or_omitted_bounds_return_the_runtime(job):
+    assert runtime.ensure_initialized() is job
+    assert runtime.ensure_initialized(min_nodes=2, max_nodes=4) is job
+
+
+@pytest.mark.parametrize("bounds, name", [((3, None), "min_nodes=3"), ((None, 5), "max_nodes=5")])
+def test_contradicting_bounds_are_refused(job, bounds, name):
+    with pytest.raises(ValueError, match=rf"{name} differs from the job's"):
+        runtime.ensure_initialized(*bounds)
+
+
+def test_the_reserved_port_is_held_until_the_server_takes_it():
+    reservation = net.hold_port("127.0.0.1")
+    port = reservation.getsockname()[1]
+    rt = runtime.ElasticRuntime(
+        MembershipSession(_UnusedClient(), f"127.0.0.1:{port}", min_nodes=1, max_nodes=1),
+        address_reservation=reservation)
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))
+    rt.release_address()
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", port))
+
+
+def _passed_down(monkeypatch) -> tuple[str, int]:
+    """A port held the way the launcher's agent hands it to a worker: (address, its port)."""
+    agent_copy = net.hold_port("127.0.0.1")
+    port = agent_copy.getsockname()[1]
+    monkeypatch.setenv(environment.ADDRESS_FD, str(os.dup(agent_copy.fileno())))
+    agent_copy.close()  # the agent lets go once the worker started
+    return f"127.0.0.1:{port}", port
+
+
+def test_a_port_passed_down_held_stays_held_without_a_gap(monkeypatch):
+    address, port = _passed_down(monkeypatch)
+    kept, held = runtime._reserve(address)
+    assert kept == address and held.getsockname()[1] == port
+    assert environment.ADDRESS_FD not in os.environ and not held.get_inheritable()
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", port))
+    held.close()
+
+
+def test_a_port_passed_down_for_another_address_is_let_go(monkeypatch):
+    _, stale_port = _passed_down(monkeypatch)
+    with net.hold_port("127.0.0.1") as probe:
+        wanted = probe.getsockname()[1]
+    _, held = runtime._reserve(f"127.0.0.1:{wanted}")
+    assert held.getsockname()[1] == wanted
+    held.close()
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", stale_port))
+
+
+def test_a_given_address_whose_port_is_taken_fails_at_init_with_the_fix(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        monkeypatch.setattr(runtime, "_runtime", None)
+        with pytest.raises(ElasticJobFailed, match=f"{address} cannot be used.*free port"):
+            runtime.init(endpoint="127.0.0.1:1", address=address)
