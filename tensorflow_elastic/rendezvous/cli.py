@@ -10,8 +10,8 @@ import threading
 
 from tensorflow_elastic.events import EVENTS_FILE_ENV
 from tensorflow_elastic.rendezvous import auth
-from tensorflow_elastic.rendezvous.run import RunSettings
 from tensorflow_elastic.rendezvous.server import Orchestrator
+from tensorflow_elastic.rendezvous.settings import RunSettings
 
 DEFAULT_PORT = 29400
 
