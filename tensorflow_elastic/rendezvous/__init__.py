@@ -1,5 +1,8 @@
 """The orchestrator: the membership service of elastic runs, and its client.
 
+Server side: server (gRPC) -> service (checks requests) -> run (the generation state machine),
+which keeps run_state (saved via store), gathers, liveness and blocklist; client.py calls it.
+
 >>> from tensorflow_elastic.rendezvous import Client, Orchestrator
 >>> with Orchestrator("127.0.0.1", 0) as server:          # embedded, as --standalone does
 ...     c = Client(server.endpoint, run_id="job")
@@ -12,8 +15,8 @@ from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (
     BlocklistedError, GenerationChangedError, InvalidArgumentError, NodeRemovedError,
     RendezvousError, RendezvousTimeoutError, RunFailedError)
-from tensorflow_elastic.rendezvous.run import RunSettings
 from tensorflow_elastic.rendezvous.server import Orchestrator
+from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, RunStatus)
 

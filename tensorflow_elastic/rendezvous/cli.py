@@ -10,8 +10,8 @@ import threading
 
 from tensorflow_elastic import environment
 from tensorflow_elastic.rendezvous import auth
-from tensorflow_elastic.rendezvous.run import RunSettings
 from tensorflow_elastic.rendezvous.server import Orchestrator
+from tensorflow_elastic.rendezvous.settings import RunSettings
 
 DEFAULT_PORT = 29400
 
@@ -31,6 +31,27 @@ anyone who can reach the port can join or remove nodes: bind to a private
 address. See docs/orchestrator.md.
 """
 
+# Flags named after the RunSettings field they set (type and default come from there).
+_SETTING_FLAGS = {
+    "heartbeat_timeout": "seconds without a heartbeat before a node is declared failed and the "
+                         "next generation forms",
+    "last_call": "seconds to wait for more nodes once min_nodes have joined, before the "
+                 "generation forms; max_nodes forms at once",
+    "below_min_timeout": "seconds a run below min_nodes after failures waits for nodes to come "
+                         "back before it fails for every member",
+    "probe_timeout": "seconds to try to connect to a reported peer's address before it is "
+                     "confirmed failed",
+    "watch_loss_grace": "seconds a member whose watch stream broke (its process died, most "
+                        "likely) may stay silent before it is declared failed, instead of "
+                        "--heartbeat_timeout; keep it above the members' heartbeat interval",
+    "blocklist_after": "failures of one address before it is blocked",
+    "blocklist_cooldown": "seconds the first block lasts; each further failure doubles it",
+    "blocklist_max_cooldown": "longest block in seconds",
+    "max_value_bytes": "largest value a node may put with Synchronize",
+}
+_POSITIVE_FLAGS = ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "watch_loss_grace",
+                   "blocklist_cooldown", "blocklist_max_cooldown")
+
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = RunSettings()
@@ -47,33 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                    f"must carry (default: ${environment.TOKEN} if set, else no token)")
     p.add_argument("--tls_cert", help="PEM certificate chain; enables TLS (needs --tls_key)")
     p.add_argument("--tls_key", help="PEM private key of --tls_cert")
-    p.add_argument("--heartbeat_timeout", type=float, default=defaults.heartbeat_timeout,
-                   help="seconds without a heartbeat before a node is declared failed and the "
-                   "next generation forms (default: %(default)s)")
-    p.add_argument("--last_call", type=float, default=defaults.last_call,
-                   help="seconds to wait for more nodes once min_nodes have joined, before the "
-                   "generation forms; max_nodes forms at once (default: %(default)s)")
-    p.add_argument("--below_min_timeout", type=float, default=defaults.below_min_timeout,
-                   help="seconds a run below min_nodes after failures waits for nodes to come "
-                   "back before it fails for every member (default: %(default)s)")
-    p.add_argument("--probe_timeout", type=float, default=defaults.probe_timeout,
-                   help="seconds to try to connect to a reported peer's address before it is "
-                   "confirmed failed (default: %(default)s)")
-    p.add_argument("--watch_loss_grace", type=float, default=defaults.watch_loss_grace,
-                   help="seconds a member whose watch stream broke (its process died, most "
-                   "likely) may stay silent before it is declared failed, instead of "
-                   "--heartbeat_timeout; keep it above the members' heartbeat interval "
-                   "(default: %(default)s)")
-    p.add_argument("--blocklist_after", type=int, default=defaults.blocklist_after,
-                   help="failures of one address before it is blocked (default: %(default)s)")
-    p.add_argument("--blocklist_cooldown", type=float, default=defaults.blocklist_cooldown,
-                   help="seconds the first block lasts; each further failure doubles it "
-                   "(default: %(default)s)")
-    p.add_argument("--blocklist_max_cooldown", type=float,
-                   default=defaults.blocklist_max_cooldown,
-                   help="longest block in seconds (default: %(default)s)")
-    p.add_argument("--max_value_bytes", type=int, default=defaults.max_value_bytes,
-                   help="largest value a node may put with Synchronize (default: %(default)s)")
+    for field, text in _SETTING_FLAGS.items():
+        default = getattr(defaults, field)
+        p.add_argument(f"--{field}", type=type(default), default=default,
+                       help=f"{text} (default: %(default)s)")
     p.add_argument("--metrics_port", type=int,
                    help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 picks a port")
     p.add_argument("--events_file", help=f"append events (JSON lines) here (default: "
@@ -86,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if (args.tls_cert is None) != (args.tls_key is None):
         parser.error("--tls_cert and --tls_key go together")
-    for flag in ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "watch_loss_grace",
-                 "blocklist_cooldown", "blocklist_max_cooldown"):
+    for flag in _POSITIVE_FLAGS:
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag} must be > 0")
     if args.last_call < 0:
@@ -96,11 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         token = auth.load_token(args.token_file)
     except (OSError, ValueError) as e:
         parser.error(str(e))
-    settings = RunSettings(
-        heartbeat_timeout=args.heartbeat_timeout, last_call=args.last_call,
-        below_min_timeout=args.below_min_timeout, probe_timeout=args.probe_timeout,
-        watch_loss_grace=args.watch_loss_grace, blocklist_after=args.blocklist_after, blocklist_cooldown=args.blocklist_cooldown,
-        blocklist_max_cooldown=args.blocklist_max_cooldown, max_value_bytes=args.max_value_bytes)
+    settings = RunSettings(**{field: getattr(args, field) for field in _SETTING_FLAGS})
     server = Orchestrator(args.host, args.port, state_dir=args.state_dir, token=token,
                           tls_cert=args.tls_cert, tls_key=args.tls_key,
                           metrics_port=args.metrics_port, events_file=args.events_file,

@@ -1,15 +1,18 @@
-"""Which nodes have gone silent, in O(1) per heartbeat.
+"""Which nodes have gone silent, in O(1) per heartbeat, and which members lost their watch.
 
 Nodes sit in an ordered dict from least to most recently heard; a heartbeat
 moves its node to the end. The first entry is therefore the next to expire, so
 the failure detector sleeps exactly until then instead of scanning every node.
 A node blocked in a call that is held open (a join waiting for its generation)
 is alive by definition and leaves the order until the call ends.
+
+A broken watch stream is the quicker sign: see :class:`WatchLoss`.
 """
 
 from __future__ import annotations
 
 import collections
+from typing import Container
 
 
 class Liveness:
@@ -56,3 +59,50 @@ class Liveness:
                 break
             silent.append(node_id)
         return silent
+
+
+class WatchLoss:
+    """Members whose last watch stream broke, and since when.
+
+    A process that dies closes its connection, and its watch breaks at once. A
+    live one sends its next heartbeat (or watches again) within its heartbeat
+    interval; a member that does neither for ``grace`` after its watch broke is
+    taken for dead then, not at its heartbeat timeout: members blocked in a
+    barrier or a sync with it stop waiting sooner.
+    """
+
+    def __init__(self, liveness: Liveness, grace: float):
+        self._grace = grace
+        self._liveness = liveness
+        self._open: collections.Counter[int] = collections.Counter()
+        self._lost_at: dict[int, float] = {}
+
+    def opened(self, node_id: int) -> None:
+        self._open[node_id] += 1
+        self._lost_at.pop(node_id, None)
+
+    def closed(self, node_id: int, now: float, member: bool) -> bool:
+        """Counts a stream that ended; returns True when it starts a member's grace."""
+        self._open[node_id] -= 1
+        if self._open[node_id] > 0:
+            return False
+        del self._open[node_id]
+        if member:
+            self._lost_at[node_id] = now
+        return member
+
+    def overdue(self, now: float, members: Container[int]) -> list[int]:
+        """Members silent for ``grace`` since their watch broke; each is reported once."""
+        gone = []
+        for node_id, lost_at in list(self._lost_at.items()):
+            heard_since = self._liveness.silent_for(node_id, now) < now - lost_at
+            if heard_since or node_id not in members:
+                del self._lost_at[node_id]
+            elif now - lost_at >= self._grace:
+                del self._lost_at[node_id]
+                gone.append(node_id)
+        return gone
+
+    def deadlines(self) -> list[float]:
+        """When each lost member's grace ends."""
+        return [lost_at + self._grace for lost_at in self._lost_at.values()]

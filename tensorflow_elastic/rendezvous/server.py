@@ -18,8 +18,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.metrics import Metrics
-from tensorflow_elastic.rendezvous.run import RunSettings
 from tensorflow_elastic.rendezvous.service import RendezvousService
+from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import FileStore, MemoryStore
 
 SERVICE_NAME = "tensorflow_elastic.Rendezvous"

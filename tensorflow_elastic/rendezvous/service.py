@@ -18,12 +18,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from tensorflow_elastic.observability.events import EventLog
+from tensorflow_elastic.events import EventLog
+from tensorflow_elastic.net import parse_address
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
     REASON_METADATA_KEY, UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
 from tensorflow_elastic.rendezvous.metrics import Metrics
-from tensorflow_elastic.rendezvous.run import Run, RunSettings
+from tensorflow_elastic.rendezvous.run import Run
+from tensorflow_elastic.rendezvous.run_state import RunState, decode
+from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
 from tensorflow_elastic.rendezvous.types import MembershipUpdate
 
@@ -74,19 +77,16 @@ class RendezvousService:
 
     async def load(self) -> None:
         """Restores the runs saved in the store and starts their timers."""
-        for run_id, snapshot in self._store.load().items():
-            run = self._new_run(run_id, snapshot["min_nodes"], snapshot["max_nodes"])
-            run.restore(snapshot)
-            run.start()
+        for snapshot in self._store.load().values():
+            self._add_run(decode(snapshot, self._settings)).start()
 
     async def close(self) -> None:
         for run in self._runs.values():
             await run.close()
 
-    def _new_run(self, run_id: str, min_nodes: int, max_nodes: int) -> Run:
-        run = Run(run_id, min_nodes, max_nodes, self._settings, self._store, self._events,
-                  self._metrics)
-        self._runs[run_id] = run
+    def _add_run(self, state: RunState) -> Run:
+        run = Run(state, self._settings, self._store, self._events, self._metrics)
+        self._runs[state.run_id] = run
         return run
 
     def _run(self, run_id: str) -> Run:
@@ -145,7 +145,8 @@ class RendezvousService:
                 raise RendezvousError(
                     f"this orchestrator has no run {request.run_id!r}, so node id "
                     f"{request.node_id} is unknown; join without a node id", reason=UNKNOWN_RUN)
-            run = self._new_run(request.run_id, request.min_nodes, request.max_nodes)
+            run = self._add_run(RunState.new(request.run_id, request.min_nodes,
+                                             request.max_nodes, self._settings))
             run.start()
         run.check_config(request.min_nodes, request.max_nodes)
         if request.register_only:
@@ -282,11 +283,12 @@ def _check_text(field: str, value: str, limit: int) -> None:
 
 
 def _check_address(address: str) -> None:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    try:
+        parse_address(address)
+    except ValueError:  # AddressError, or int() of a digit it cannot read (e.g. "²")
         raise InvalidArgumentError(
             f"address {address!r} is not HOST:PORT; give the host and port other nodes reach "
-            f"this node at, e.g. 10.0.0.5:2222")
+            f"this node at, e.g. 10.0.0.5:2222") from None
 
 
 def _check_timeout(timeout_s: float) -> None:

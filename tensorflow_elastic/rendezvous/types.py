@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 
-FORMING = "FORMING"
-ACTIVE = "ACTIVE"
-FAILED = "FAILED"
+
+class Phase(str, enum.Enum):
+    """Where a run stands: FORMING (no generation: gathering min_nodes), ACTIVE
+    (a generation runs), FAILED (for good).
+
+    A ``str`` so it compares equal to the names the protocol and the client use.
+    """
+
+    FORMING = "FORMING"
+    ACTIVE = "ACTIVE"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        # The bare name in messages and f-strings, not "Phase.ACTIVE".
+        return self.value
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,8 +12,6 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tensorflow_elastic.rendezvous.liveness import Liveness
-
 pytestmark = pytest.mark.multiprocess
 
 
@@ -68,15 +66,3 @@ def test_help(module, subprocess_env):
     assert out.returncode == 0
     assert ("--heartbeat_timeout" in out.stdout) or ("status" in out.stdout)
 
-
-def test_liveness_expires_the_least_recently_heard_first():
-    live = Liveness()
-    for node_id, seen in ((1, 0.0), (2, 1.0), (3, 2.0)):
-        live.touch(node_id, seen)
-    live.touch(1, 3.0)
-    assert live.oldest() == (2, 1.0)
-    live.hold(3)
-    assert live.expired(now=10.0, timeout=5.0) == [2, 1]
-    assert live.silent_for(3, 10.0) == 0.0
-    live.release(3, 10.0)
-    assert live.expired(now=12.0, timeout=5.0) == [2, 1]

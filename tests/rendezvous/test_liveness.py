@@ -1,0 +1,48 @@
+"""Liveness: who went silent, and whose watch stream broke."""
+
+from __future__ import annotations
+
+from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
+
+
+def test_liveness_expires_the_least_recently_heard_first():
+    live = Liveness()
+    for node_id, seen in ((1, 0.0), (2, 1.0), (3, 2.0)):
+        live.touch(node_id, seen)
+    live.touch(1, 3.0)
+    assert live.oldest() == (2, 1.0)
+    live.hold(3)
+    assert live.expired(now=10.0, timeout=5.0) == [2, 1]
+    assert live.silent_for(3, 10.0) == 0.0
+    live.release(3, 10.0)
+    assert live.expired(now=12.0, timeout=5.0) == [2, 1]
+
+
+def test_watch_loss_reports_a_member_silent_for_the_grace_after_its_last_watch_broke():
+    live = Liveness()
+    loss = WatchLoss(live, grace=2.0)
+    for node_id in (1, 2, 3, 4):
+        live.touch(node_id, 0.0)
+        loss.opened(node_id)
+    loss.opened(1)
+    assert not loss.closed(1, 1.0, member=True)  # its second stream is still open
+    assert loss.closed(1, 1.0, member=True)
+    assert loss.closed(2, 1.0, member=True)
+    assert not loss.closed(3, 1.0, member=False)
+    assert loss.closed(4, 1.0, member=True)
+    loss.opened(4)  # watching again: alive
+    assert loss.deadlines() == [3.0, 3.0]
+    live.touch(2, 1.5)  # heard from since its watch broke: alive
+    assert loss.overdue(2.9, members={1, 2, 3, 4}) == []
+    assert loss.overdue(3.0, members={1, 2, 3, 4}) == [1]
+    assert loss.deadlines() == []
+
+
+def test_watch_loss_forgets_a_node_that_is_no_member_any_more():
+    live = Liveness()
+    loss = WatchLoss(live, grace=2.0)
+    live.touch(1, 0.0)
+    loss.opened(1)
+    assert loss.closed(1, 0.0, member=True)
+    assert loss.overdue(5.0, members=set()) == []
+    assert loss.deadlines() == []
