@@ -19,7 +19,7 @@ import time
 from tensorflow_elastic import environment
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.spec import WorkerSpec
-from tensorflow_elastic.rendezvous import Client
+from tensorflow_elastic.rendezvous import Client, Phase
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN, RendezvousError
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class InProcessElasticity:
                     return
                 logger.warning("exit barrier: %s", e.message)
                 return
-            if all(run.state == "FAILED" or all(n.silent_s >= QUIET_S for n in run.nodes)
+            if all(run.state == Phase.FAILED or all(n.silent_s >= QUIET_S for n in run.nodes)
                    for run in runs):
                 return
             time.sleep(0.5)

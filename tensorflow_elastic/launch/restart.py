@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tensorflow_elastic import environment
 from tensorflow_elastic.launch.spec import WorkerSpec
-from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership
+from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership, Phase
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, NodeRemovedError, RendezvousError, RunFailedError)
 
@@ -94,7 +94,7 @@ class RestartElasticity:
 
     def _on_heartbeat(self, info: HeartbeatInfo) -> None:
         world = 0 if self.membership is None else self.membership.world_size
-        if (info.state == "FAILED" or info.generation > self._generation or info.removed
+        if (info.state == Phase.FAILED or info.generation > self._generation or info.removed
                 or (info.waiting > 0 and world < self.spec.max_nodes)):
             self._changed.set()
             self._wake.set()

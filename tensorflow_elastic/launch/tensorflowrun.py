@@ -29,7 +29,7 @@ from tensorflow_elastic import environment, net
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
 from tensorflow_elastic.launch import hosts as hosts_lib
-from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError
+from tensorflow_elastic.rendezvous import Client, Orchestrator, Phase, RendezvousError
 
 PROG = "tensorflowrun"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -225,7 +225,7 @@ class Supervisor:
             runs = self._status.status()
         except RendezvousError:
             return False  # no node joined yet
-        failed = [r for r in runs if r.state == "FAILED"]
+        failed = [r for r in runs if r.state == Phase.FAILED]
         if failed:
             self._log(f"the orchestrator failed the run: {failed[0].reason}")
         return bool(failed)

@@ -18,10 +18,10 @@ from tensorflow_elastic.rendezvous.errors import (
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import (
-    HeartbeatInfo, Membership, MembershipUpdate, RunStatus)
+    HeartbeatInfo, Membership, MembershipUpdate, Phase, RunStatus)
 
 __all__ = [
     "BlocklistedError", "Client", "GenerationChangedError", "HeartbeatInfo",
-    "InvalidArgumentError", "Membership", "MembershipUpdate", "NodeRemovedError", "Orchestrator",
+    "InvalidArgumentError", "Membership", "MembershipUpdate", "NodeRemovedError", "Orchestrator", "Phase",
     "RendezvousError", "RendezvousTimeoutError", "RunFailedError", "RunSettings", "RunStatus",
 ]

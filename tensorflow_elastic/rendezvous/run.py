@@ -27,7 +27,7 @@ import functools
 import time
 from typing import Any, AsyncIterator, Protocol
 
-from tensorflow_elastic import events as ev
+from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import reachable
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, InvalidArgumentError, NodeRemovedError, RendezvousError,

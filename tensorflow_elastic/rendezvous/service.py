@@ -18,7 +18,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from tensorflow_elastic.events import EventLog
+from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.net import parse_address
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (

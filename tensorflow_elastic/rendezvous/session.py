@@ -25,7 +25,7 @@ from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
                                                   RendezvousError, RunFailedError)
-from tensorflow_elastic.rendezvous.types import Membership
+from tensorflow_elastic.rendezvous.types import Membership, Phase
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class MembershipSession:
     def start(self) -> None:
         """Joins the forming job, or registers as a standby node when the job already runs."""
         try:
-            running = self.client.status()[0].state == "ACTIVE"
+            running = self.client.status()[0].state == Phase.ACTIVE
         except RendezvousError as e:
             if e.reason != UNKNOWN_RUN:
                 raise
@@ -265,7 +265,7 @@ class MembershipSession:
             self._tell_peers_lost(
                 f"no commit for {self.progress_timeout:g} s ({environment.PROGRESS_TIMEOUT}); a "
                 f"peer may hang without having failed")
-        if info.state == "FAILED":
+        if info.state == Phase.FAILED:
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed")
         elif self.membership is not None and not self.standby \
@@ -276,7 +276,7 @@ class MembershipSession:
         try:
             for update in self.client.watch():
                 self._waiting = update.waiting
-                if update.state == "FAILED":
+                if update.state == Phase.FAILED:
                     self._failure_reason = update.reason
                     self._note_unplanned_change(f"run failed: {update.reason}")
                     return
