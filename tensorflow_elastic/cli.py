@@ -16,9 +16,8 @@ import sys
 import time
 
 from tensorflow_elastic import environment
-from tensorflow_elastic.observability import events
+from tensorflow_elastic.observability import events, plot
 from tensorflow_elastic.observability.progress import recent_step_rate
-from tensorflow_elastic.observability import plot
 from tensorflow_elastic.ps import cli as ps_cli
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.client import Client

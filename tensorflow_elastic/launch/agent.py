@@ -29,10 +29,10 @@ import time
 from typing import Protocol, TextIO
 
 from tensorflow_elastic import environment
-from tensorflow_elastic.observability import events
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.progress import ProgressTracker
 
 

@@ -26,9 +26,9 @@ import time
 from typing import NoReturn
 
 from tensorflow_elastic import environment, net
+from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
-from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.rendezvous import Client, Orchestrator, Phase, RendezvousError
 
 PROG = "tensorflowrun"

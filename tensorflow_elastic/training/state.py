@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
-from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.errors import MembershipChanged
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
+from tensorflow_elastic.strategy import runtime as runtime_lib
 
 if TYPE_CHECKING:
     from tensorflow_elastic.strategy.agreement import ReformVote

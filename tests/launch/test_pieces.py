@@ -5,13 +5,12 @@ import socket
 
 import pytest
 
-from tensorflow_elastic.observability import events
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary, write_error_file
+from tensorflow_elastic.launch.hosts import Cooldown
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.restart import tf_config
 from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
-from tensorflow_elastic.launch.hosts import Cooldown
-from tensorflow_elastic.observability import StepReporter, plot, timeline
+from tensorflow_elastic.observability import StepReporter, events, plot, timeline
 from tensorflow_elastic.observability.progress import ProgressTracker
 from tensorflow_elastic.rendezvous import Membership
 

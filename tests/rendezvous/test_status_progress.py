@@ -3,8 +3,8 @@
 import subprocess
 import sys
 
-from tensorflow_elastic.observability import events
 from tensorflow_elastic.cli import format_progress
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.progress import recent_step_rate
 
 
