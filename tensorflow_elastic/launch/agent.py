@@ -344,7 +344,7 @@ class LocalAgent:
         if self._progress is None or time.monotonic() < self._next_progress:
             return
         self._next_progress = time.monotonic() + self.spec.progress_interval
-        line = self._progress.line(self.elasticity.world_size())
+        line = self._progress.line()
         if line:
             self._info("%s", line)
 

@@ -20,6 +20,7 @@ class ProgressTracker:
         self.path = path
         self._offset = 0
         self._step: int | None = None
+        self._world: int | None = None
         self._last_line_step: int | None = None
         self._last_line_time = time.time()
 
@@ -37,11 +38,16 @@ class ProgressTracker:
                 entry = json.loads(raw)
             except ValueError:
                 continue
-            if entry.get("event") == events.STEP and isinstance(entry.get("step"), int):
-                self._step = max(self._step or 0, entry["step"])
+            if entry.get("event") == events.STEP and isinstance(entry.get("step"), int) \
+                    and entry["step"] >= (self._step or 0):
+                self._step = entry["step"]
+                self._world = entry.get("world_size", self._world)
 
-    def line(self, world_size: int) -> str:
-        """'step S, world size W, R steps/s' since the previous line ('' before any step)."""
+    def line(self) -> str:
+        """'step S, world size W, R steps/s' since the previous line ('' before any step).
+
+        The world size is the job's at that step, as its workers recorded it.
+        """
         self._read_new()
         now = time.time()
         if self._step is None:
@@ -50,13 +56,14 @@ class ProgressTracker:
         if self._last_line_step is not None and now > self._last_line_time:
             rate = f", {(self._step - self._last_line_step) / (now - self._last_line_time):.2f} steps/s"
         self._last_line_step, self._last_line_time = self._step, now
-        return f"progress: step {self._step}, world size {world_size}{rate}"
+        return f"progress: step {self._step}, world size {self._world or '?'}{rate}"
 
 
 def recent_step_rate(path: str, window_s: float = 30.0) -> tuple[int, float | None] | None:
     """(latest step, steps/s over the last `window_s` seconds of step events), None without any."""
-    steps = [(e["time"], e["step"]) for e in events.read_events(path, events.STEP)
-             if isinstance(e.get("step"), int)]
+    # A completed job's last step is in its job_complete events (step events come every N commits).
+    steps = [(e["time"], e["step"]) for e in events.read_events(path)
+             if e.get("event") in (events.STEP, events.JOB_COMPLETE) and isinstance(e.get("step"), int)]
     if not steps:
         return None
     last_time, last_step = max(steps, key=lambda ts: ts[1])

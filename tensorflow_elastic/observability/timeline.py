@@ -41,6 +41,9 @@ class Timeline:
     joins: list[tuple[float, int]]
     incidents: list[Incident]
     completed: bool
+    final_step: int | None = None
+    generation: int | None = None
+    members: list[int] = dataclasses.field(default_factory=list)
 
     def step_rates(self) -> list[tuple[float, float]]:
         """(time, steps/s) between consecutive recorded steps of the job."""
@@ -63,21 +66,29 @@ def load(path: str) -> Timeline:
     joins: list[tuple[float, int]] = []
     incidents: list[Incident] = []
     restored: list[dict] = []
+    joined: set[int] = set()
     completed = False
+    final_step = None
+    generation, members = None, []
     for e in entries:
         kind, t = e.get("event"), e["time"]
+        if completed and kind in (events.GENERATION_START, events.RENDEZVOUS_COMPLETE):
+            continue  # members leaving after the exit barrier: the job's world is over
         if kind in (events.GENERATION_START, events.RENDEZVOUS_COMPLETE) and "world_size" in e:
-            generation = e.get("generation")
-            if generation not in seen_generations:
-                seen_generations.add(generation)
+            if e.get("generation") not in seen_generations:
+                seen_generations.add(e.get("generation"))
                 world.append((t, int(e["world_size"])))
+                generation, members = e.get("generation"), sorted(e.get("members") or [])
         elif kind == events.STEP and isinstance(e.get("step"), int):
             # Several workers record the same global step: keep the job's furthest step,
             # except for the first step after an incident (a resume from a backup may be lower).
             resumed = bool(incidents and steps) and steps[-1][0] <= incidents[-1].time <= t
             if not steps or e["step"] > steps[-1][1] or resumed:
                 steps.append((t, e["step"]))
-        elif kind == events.NODE_JOINED and e.get("node") is not None:
+        elif kind == events.NODE_JOINED and e.get("node") is not None \
+                and e["node"] not in joined:
+            # A node that registers first and joins later is recorded twice; it joined once.
+            joined.add(e["node"])
             joins.append((t, e["node"]))
         elif kind == events.FAILURE_DETECTED:
             if incidents and t - incidents[-1].time <= INCIDENT_WINDOW_S:
@@ -88,9 +99,14 @@ def load(path: str) -> Timeline:
             restored.append(e)
         elif kind == events.JOB_COMPLETE:
             completed = True
+            if isinstance(e.get("step"), int):
+                final_step = max(final_step or 0, e["step"])
     for incident in incidents:
         _measure(incident, world, steps, restored)
-    return Timeline(start, world, steps, joins, incidents, completed)
+    if final_step is None and steps:
+        final_step = steps[-1][1]
+    return Timeline(start, world, steps, joins, incidents, completed, final_step, generation,
+                    members)
 
 
 def _measure(incident: Incident, world: list[tuple[float, int]], steps: list[tuple[float, int]],
@@ -112,11 +128,13 @@ def _measure(incident: Incident, world: list[tuple[float, int]], steps: list[tup
 def summary(timeline: Timeline) -> str:
     """A few lines: duration, final world size, each incident's recovery time and lost steps."""
     end = max([t for t, _ in timeline.steps] + [t for t, _ in timeline.world] + [timeline.start])
-    final_step = timeline.steps[-1][1] if timeline.steps else None
+    first_world = timeline.world[0][0] if timeline.world else timeline.start
+    later = sum(1 for t, _ in timeline.joins if t > first_world)
     lines = [f"job {'completed' if timeline.completed else 'did not complete'} after "
-             f"{end - timeline.start:.1f} s; last step {final_step}; world size "
+             f"{end - timeline.start:.1f} s; last step {timeline.final_step}; world size "
              f"{' -> '.join(str(w) for _, w in timeline.world) or 'unknown'}; "
-             f"{len(timeline.joins)} node join(s), {len(timeline.incidents)} failure(s)"]
+             f"{len(timeline.joins)} node(s) joined ({len(timeline.joins) - later} at the start, "
+             f"{later} later), {len(timeline.incidents)} failure(s)"]
     for i, incident in enumerate(timeline.incidents, 1):
         recovery = "not recovered" if incident.recovery_s is None \
             else f"recovered in <= {incident.recovery_s:.2f} s"

@@ -229,8 +229,8 @@ class MembershipSession:
             except GenerationChangedError:
                 pass  # another member's report already started the next generation
 
-    def finish(self) -> None:
-        """The exit barrier (every member has returned from training), then a clean leave.
+    def finish(self, step: int) -> None:
+        """The exit barrier (every member has returned from training at `step`), then a clean leave.
 
         Leaving at once keeps the orchestrator from taking finished members for
         failed ones when their heartbeats stop.
@@ -241,7 +241,8 @@ class MembershipSession:
         except GenerationChangedError:
             # A member was lost after training: every step is done, nobody pulls buffers now.
             logger.info("generation %d ended at the exit barrier", self.generation)
-        self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation)
+        self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
+                           step=step)
         try:
             self.client.leave("job complete")
         except RendezvousError as e:

@@ -61,7 +61,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                                       generation=session.generation, step=state.commits,
                                       lost_steps=lost_steps)
             else:
-                session.finish()
+                session.finish(state.commits)
                 return result
             if state.commits == commits_before:
                 reforms_without_progress += 1

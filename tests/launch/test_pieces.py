@@ -105,7 +105,7 @@ def test_step_reporter_and_progress_line(tmp_path):
         reporter.report(step, world_size=2)
     assert [e["step"] for e in events.read_events(str(path), events.STEP)] == [1, 11, 21, 31]
     tracker = ProgressTracker(str(path))
-    assert tracker.line(2).startswith("progress: step 31, world size 2")
+    assert tracker.line().startswith("progress: step 31, world size 2")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="holds no events"):
