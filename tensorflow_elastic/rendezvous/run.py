@@ -7,7 +7,8 @@ they wait for changes, never by polling. Every transition ends in
 :meth:`Run._commit`, which saves the state and wakes whoever waits on it.
 
 Phases: FORMING (no generation: gathering min_nodes), ACTIVE (generation G
-runs), FAILED (terminal). A generation forms
+runs), and the two ends: COMPLETED (every node left) and FAILED. The next first
+join of an ended run starts it afresh. A generation forms
 
 * at the first rendezvous, when min_nodes have joined and the last call has
   passed, or at once when max_nodes have joined;
@@ -83,9 +84,14 @@ class Run:
 
     def start(self) -> None:
         """Starts the failure detector and timers; call on the event loop."""
-        self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+        self._start_timer()
         self._maybe_form()
         self._report_membership()
+
+    def _start_timer(self) -> None:
+        """Starts the timer loop unless it runs (it ends when the run ends)."""
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -113,6 +119,30 @@ class Run:
     def update(self) -> MembershipUpdate:
         return MembershipUpdate(self.membership(), self._state.phase, self._admissible(),
                                 self._state.reason)
+
+    def start_afresh_if_ended(self, min_nodes: int, max_nodes: int) -> None:
+        """A first join of an ended run is the next job with this run id: it starts a new run.
+
+        A shared orchestrator outlives jobs, and jobs reuse run ids (the default
+        is "default"); without this, the first job's end would refuse every later
+        one. Nodes left over from a failed run are removed, so they cannot mix
+        with the new job; ids and generations keep counting.
+        """
+        state = self._state
+        if not state.phase.ended:
+            return
+        ended = f"run {state.run_id!r} {state.phase.lower()} ({state.reason})"
+        for node_id in list(state.nodes):
+            state.remove_node(node_id, f"{ended}; a new job started it afresh")
+            self._liveness.forget(node_id)
+        state.start_afresh(min_nodes, max_nodes, self._settings)
+        state.reason = f"a new job started it afresh after: {ended}"
+        self._unacked = None
+        self._last_call_at = None
+        self._forming_since = time.monotonic()
+        self._note("run_restarted", None, [], state.reason)
+        self._commit(wakes_joins=True)
+        self._start_timer()
 
     def check_config(self, min_nodes: int, max_nodes: int) -> None:
         state = self._state
@@ -187,7 +217,7 @@ class Run:
                 if self._version != sent:
                     sent = self._version
                     yield self.update()
-                    if self._state.phase == Phase.FAILED:
+                    if self._state.phase.ended:
                         return
                     continue
                 await wake.wait()
@@ -486,7 +516,9 @@ class Run:
             self._log(ev.NODE_LEFT, node_id, [node_id], cause, reason=cause)
         if failed and lost:
             self._log(ev.FAILURE_DETECTED, None, lost, cause, failed=lost, cause=cause)
-        if lost and state.phase == Phase.ACTIVE:
+        if not state.nodes and not failed:
+            self._complete(ids, cause)
+        elif lost and state.phase == Phase.ACTIVE:
             self._forming_since = time.monotonic()
             survivors = [m for m in state.members if m not in lost]
             state.members = {m: state.members[m] for m in survivors}
@@ -510,6 +542,21 @@ class Run:
         self._note("below_min", None, survivors, state.reason)
         state.gathers.end()
         self._timer_wake.set()
+
+    def _complete(self, last: list[int], cause: str) -> None:
+        """Ends the run when its last node left of its own accord: the job is done.
+
+        Not a failure, and not below min_nodes either: nobody is expected back.
+        """
+        state = self._state
+        state.phase = Phase.COMPLETED
+        state.reason = f"completed: every node left (the last: {last}, {cause})"
+        state.members = {}
+        state.below_min_at = None
+        state.gathers.end()
+        self._last_call_at = None
+        self._unacked = None
+        self._note("run_completed", None, last, state.reason)
 
     def _fail(self, reason: str) -> None:
         state = self._state
@@ -569,7 +616,7 @@ class Run:
 
     async def _timer_loop(self) -> None:
         """Failure detector, last call and below-min deadline, sleeping until the next is due."""
-        while self._state.phase != Phase.FAILED:
+        while not self._state.phase.ended:
             now = time.monotonic()
             self._on_timers(now)
             due = [now + 1.0]

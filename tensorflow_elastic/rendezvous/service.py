@@ -28,7 +28,7 @@ from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import MembershipUpdate
+from tensorflow_elastic.rendezvous.types import MembershipUpdate, Phase
 
 MAX_RUN_ID = 128
 MAX_NAME = 256
@@ -139,6 +139,8 @@ class RendezvousService:
         if request.last_generation < 0:
             raise InvalidArgumentError("last_generation must be 0 (none) or a generation number")
         _check_timeout(request.timeout_s)
+        if request.register_only and request.HasField("node_id"):
+            raise InvalidArgumentError("register_only gives out a new id: omit node_id")
         run = self._runs.get(request.run_id)
         if run is None:
             if request.HasField("node_id"):
@@ -148,10 +150,10 @@ class RendezvousService:
             run = self._add_run(RunState.new(request.run_id, request.min_nodes,
                                              request.max_nodes, self._settings))
             run.start()
+        if not request.HasField("node_id"):
+            run.start_afresh_if_ended(request.min_nodes, request.max_nodes)
         run.check_config(request.min_nodes, request.max_nodes)
         if request.register_only:
-            if request.HasField("node_id"):
-                raise InvalidArgumentError("register_only gives out a new id: omit node_id")
             node_id = await run.register(request.address, request.nonce)
             return (pb.JoinResponse(node_id=node_id).SerializeToString()
                     + self._encode(run).join_tail)
@@ -165,7 +167,7 @@ class RendezvousService:
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         info = self._run(request.run_id).heartbeat(request.node_id, request.generation)
-        return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
+        return pb.HeartbeatResponse(generation=info.generation, state=_wire_state(info.state),
                                     waiting=info.waiting, removed=info.removed,
                                     member=info.member, queued=info.queued)
 
@@ -185,7 +187,7 @@ class RendezvousService:
         encoded = self._encode(run)
         if encoded.update is None:
             encoded.update = pb.MembershipUpdate(
-                membership=encoded.membership, state=pb.RunState.Value(update.state),
+                membership=encoded.membership, state=_wire_state(update.state),
                 waiting=update.waiting, reason=update.reason).SerializeToString()
         return encoded.update
 
@@ -242,7 +244,7 @@ class RendezvousService:
         s = run.status()
         return pb.RunStatus(
             run_id=s.run_id, min_nodes=s.min_nodes, max_nodes=s.max_nodes,
-            state=pb.RunState.Value(s.state), reason=s.reason,
+            state=_wire_state(s.state), reason=s.reason,
             membership=self._encode(run).membership,
             nodes=[pb.NodeStatus(node_id=n.node_id, address=n.address, role=n.role,
                                  silent_s=n.silent_s) for n in s.nodes],
@@ -258,6 +260,13 @@ class _Encoded:
     # The membership as field 2 of a JoinResponse; append it to the node id.
     join_tail: bytes
     update: bytes | None = None
+
+
+def _wire_state(phase: str) -> int:
+    """The protocol's RunState has no COMPLETED (yet): a completed run goes out as FORMING,
+    which is what it is to a client (no generation runs; a first join starts the next one),
+    and its reason says it completed."""
+    return pb.RunState.Value(Phase.FORMING if phase == Phase.COMPLETED else phase)
 
 
 def _serialize(reply: Any) -> bytes:
