@@ -309,24 +309,36 @@ class Run:
     # --------------------------------------------------------------- internals
 
     async def _admit_new(self, address: str, nonce: str, enqueue: bool = True) -> Node:
-        """Gives a new node its permanent id (or finds it again on a retried join)."""
+        """Gives a new node its permanent id, or finds it again for a join retried with its
+        nonce; returns once the node is durable.
+
+        The node is recorded before the first ``await``, so concurrent joins with one
+        nonce get one node; it is answered only after the save, so a restart never
+        forgets an id someone was told, nor gives it out again.
+        """
         state = self._state
-        if nonce in state.nonces:
-            return self._known_node(state.nonces[nonce])
-        state.blocklist.check(address)
-        node = Node(state.next_id, address, nonce)
-        state.next_id += 1
-        # The id is durable before anyone sees it, so a restart never gives it out again.
-        await self._committer.wait(self._save())
-        self._check_not_failed()
-        state.add_node(node)
-        self._liveness.touch(node.node_id, time.monotonic())
-        if enqueue:
-            self._enqueue(node)
+        known = state.nonces.get(nonce) if nonce else None
+        if known is not None:
+            node = self._known_node(known)
+            if node.address != address:
+                raise InvalidArgumentError(
+                    f"nonce {nonce!r} was sent by {node.address}, not {address}; a nonce "
+                    f"names one node's join attempt: send a new random nonce per join")
+            ticket = self._committer.last_ticket
         else:
-            self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
-                      f"registered, address {address}", address=address)
-            self._save()
+            state.blocklist.check(address)
+            node = Node(state.next_id, address, nonce)
+            state.next_id += 1
+            state.add_node(node)
+            self._liveness.touch(node.node_id, time.monotonic())
+            if enqueue:
+                self._enqueue(node)
+            else:
+                self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
+                          f"registered, address {address}", address=address)
+            ticket = self._save()
+        await self._committer.wait(ticket)
+        self._check_not_failed()
         return node
 
     def _enqueue(self, node: Node) -> None:

@@ -113,6 +113,11 @@ class GroupCommitter:
             self._writer = asyncio.get_running_loop().create_task(self._write())
         return self._changed
 
+    @property
+    def last_ticket(self) -> int:
+        """The ticket of the latest change: waiting for it waits for every change so far."""
+        return self._changed
+
     async def wait(self, ticket: int) -> None:
         """Returns once the change behind ``ticket`` (and all before it) is durable.
 

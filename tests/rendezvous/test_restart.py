@@ -7,9 +7,16 @@ import json
 import queue
 import threading
 
+import grpc
 import pytest
 
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+from tensorflow_elastic.rendezvous import Client
 from tensorflow_elastic.rendezvous.store import FileStore, GroupCommitter, MemoryStore
+
+# Node addresses: nothing needs to listen there.
+FIRST_NODE_PORT = 21000
 
 
 @pytest.mark.multiprocess
@@ -85,3 +92,41 @@ def test_group_commit_batches_changes_made_during_a_save():
     saved = asyncio.run(scenario())
     assert saved[-1] == {"n": 100}
     assert len(saved) <= 2
+
+
+@pytest.mark.multiprocess
+def test_an_id_handed_out_by_register_survives_kill_9_right_after_the_reply(
+        start_orchestrator, tmp_path):
+    state_dir = str(tmp_path / "state")
+    server = start_orchestrator("--state_dir", state_dir)
+    port = server.port
+    for attempt in range(4):
+        client = Client(server.endpoint, "job", retry_timeout=20.0)
+        node_id = client.register(f"127.0.0.1:{FIRST_NODE_PORT + attempt}", 1, 8)
+        server.kill()  # SIGKILL at once: only what was durable before the reply survives
+        server = start_orchestrator("--state_dir", state_dir, port=port)
+        assert client.heartbeat().generation == 0, f"node {node_id} after restart {attempt}"
+        client.close()
+
+
+@pytest.mark.multiprocess
+def test_one_nonce_gets_one_node_however_many_joins_carry_it(start_orchestrator, tmp_path):
+    # A state dir, so that a join awaits its save (the window the nonce must be reserved in).
+    server = start_orchestrator("--state_dir", str(tmp_path / "state"))
+    with grpc.insecure_channel(server.endpoint) as channel:
+        stub = pb_grpc.RendezvousStub(channel)
+
+        def register(nonce: str, port: int):
+            return stub.Join.future(pb.JoinRequest(
+                run_id="job", address=f"127.0.0.1:{port}", min_nodes=1, max_nodes=100,
+                nonce=nonce, timeout_s=10, register_only=True), timeout=20)
+
+        for trial in range(5):
+            nonce = f"nonce-{trial}"
+            calls = [register(nonce, FIRST_NODE_PORT + trial) for _ in range(3)]
+            assert len({call.result().node_id for call in calls}) == 1, f"trial {trial}"
+            # The nonce belongs to the address that sent it first.
+            with pytest.raises(grpc.RpcError) as e:
+                register(nonce, FIRST_NODE_PORT + 99).result()
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "nonce" in e.value.details()
