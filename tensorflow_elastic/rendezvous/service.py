@@ -76,9 +76,15 @@ class RendezvousService:
         self._encoded: dict[str, _Encoded] = {}
 
     async def load(self) -> None:
-        """Restores the runs saved in the store and starts their timers."""
-        for snapshot in self._store.load().values():
-            self._add_run(decode(snapshot, self._settings)).start()
+        """Restores the runs saved in the store and starts their timers; a run that cannot be
+        restored is set aside rather than keeping every other run from being served."""
+        for run_id, snapshot in self._store.load().items():
+            try:
+                state = decode(snapshot, self._settings)
+            except Exception as e:  # noqa: BLE001 - a file can hold anything
+                self._store.set_aside(run_id, f"{type(e).__name__}: {e}")
+                continue
+            self._add_run(state).start()
 
     async def close(self) -> None:
         for run in self._runs.values():

@@ -130,3 +130,55 @@ def test_one_nonce_gets_one_node_however_many_joins_carry_it(start_orchestrator,
                 register(nonce, FIRST_NODE_PORT + 99).result()
             assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "nonce" in e.value.details()
+
+
+@pytest.mark.multiprocess
+def test_unreadable_state_files_are_set_aside_and_the_other_runs_served(
+        start_orchestrator, nodes_for, tmp_path):
+    state_dir = tmp_path / "state"
+    first = start_orchestrator("--state_dir", str(state_dir))
+    nodes_for(first.endpoint, run_id="good").join(1, 1, 1, heartbeat=None)
+    nodes_for(first.endpoint, run_id="future").join(1, 1, 1, heartbeat=None)
+    first.kill()
+    files = {json.loads(p.read_bytes())["run_id"]: p for p in state_dir.glob("*.run.json")}
+    future = json.loads(files["future"].read_bytes())
+    files["future"].write_text(json.dumps(dict(future, format=99)))
+    bad = {"truncated.run.json": files["good"].read_bytes()[:40],
+           "random.run.json": bytes(range(256)) * 4,
+           "empty.run.json": b"{}"}
+    for name, data in bad.items():
+        (state_dir / name).write_bytes(data)
+    (state_dir / ".tmp-left-by-kill-9").write_bytes(b"half a snapshot")
+
+    second = start_orchestrator("--state_dir", str(state_dir), port=first.port)
+
+    assert [run.run_id for run in nodes_for(second.endpoint).client().status(all_runs=True)] == [
+        "good"]
+    for path in [state_dir / name for name in bad] + [files["future"]]:
+        assert not path.exists() and path.with_name(path.name + ".corrupt").exists()
+        assert len([line for line in second.output if path.name in line]) == 1, second.output
+    assert (state_dir / "random.run.json.corrupt").read_bytes() == bad["random.run.json"]
+    assert not list(state_dir.glob(".tmp-*"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("run_id", ["r" * 128, "\N{GRINNING FACE}" * 31, "\N{GRINNING FACE}" * 128])
+def test_run_ids_up_to_the_limit_are_stored(start_orchestrator, nodes_for, tmp_path, run_id):
+    state_dir = str(tmp_path / "state")
+    first = start_orchestrator("--state_dir", state_dir)
+    [(_, m)] = nodes_for(first.endpoint, run_id=run_id).join(1, 1, 1, heartbeat=None)
+    first.kill()
+    second = start_orchestrator("--state_dir", state_dir, port=first.port)
+    [run] = nodes_for(second.endpoint).client().status(all_runs=True)
+    assert (run.run_id, run.membership.members) == (run_id, m.members)
+
+
+def test_a_state_dir_of_the_former_naming_loads(tmp_path):
+    # Before file names were hashed, a run's file was named after its id in hex.
+    (tmp_path / ("job".encode().hex() + ".run.json")).write_text(
+        json.dumps({"run_id": "job", "generation": 3}))
+    store = FileStore(str(tmp_path))
+    assert store.load() == {"job": {"run_id": "job", "generation": 3}}
+    store.save("job", {"run_id": "job", "generation": 4})
+    assert FileStore(str(tmp_path)).load() == {"job": {"run_id": "job", "generation": 4}}
+    assert len(list(tmp_path.iterdir())) == 1
