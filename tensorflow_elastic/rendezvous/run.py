@@ -159,10 +159,7 @@ class Run:
         """Returns once the node is a member of a generation newer than ``last_generation``."""
         self._check_not_failed()
         state = self._state
-        if last_generation > state.generation:
-            raise InvalidArgumentError(
-                f"last_generation={last_generation} does not exist yet (the current generation "
-                f"is {state.generation}); pass the generation your last join returned")
+        check_last_generation(last_generation, state.generation)
         if node_id is None:
             node = await self._admit_new(address, nonce)
         else:
@@ -658,6 +655,15 @@ class Run:
                        f"the job with enough nodes")
         elif self._last_call_at is not None and now >= self._last_call_at:
             self._maybe_form()
+
+
+def check_last_generation(last_generation: int, generation: int) -> None:
+    """Refuses a join from a generation the run has not reached (for a run that does not exist
+    yet, ``generation`` is 0: checked before the join creates it)."""
+    if last_generation > generation:
+        raise InvalidArgumentError(
+            f"last_generation={last_generation} does not exist yet (the current generation "
+            f"is {generation}); pass the generation your last join returned")
 
 
 def _woken(event: asyncio.Event) -> asyncio.Event:

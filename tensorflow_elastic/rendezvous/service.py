@@ -24,7 +24,7 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
     REASON_METADATA_KEY, UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
 from tensorflow_elastic.rendezvous.metrics import Metrics
-from tensorflow_elastic.rendezvous.run import Run
+from tensorflow_elastic.rendezvous.run import Run, check_last_generation
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
@@ -64,7 +64,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: RendezvousError) -> N
 
 
 class RendezvousService:
-    """Serves every run of this orchestrator; a run is created by its first join."""
+    """Serves every run of this orchestrator; a run is created by its first join, once the
+    join has passed every check that does not need the run."""
 
     def __init__(self, settings: RunSettings, store: MembershipStore, events: EventLog,
                  metrics: Metrics):
@@ -153,6 +154,7 @@ class RendezvousService:
                 raise RendezvousError(
                     f"this orchestrator has no run {request.run_id!r}, so node id "
                     f"{request.node_id} is unknown; join without a node id", reason=UNKNOWN_RUN)
+            check_last_generation(request.last_generation, 0)
             run = self._add_run(RunState.new(request.run_id, request.min_nodes,
                                              request.max_nodes, self._settings))
             run.start()
