@@ -7,7 +7,8 @@ they wait for changes, never by polling. Every transition ends in
 :meth:`Run._commit`, which saves the state and wakes whoever waits on it.
 
 Phases: FORMING (no generation: gathering min_nodes), ACTIVE (generation G
-runs), FAILED (terminal). A generation forms
+runs), and the two ends: COMPLETED (every node left) and FAILED. The next first
+join of an ended run starts it afresh. A generation forms
 
 * at the first rendezvous, when min_nodes have joined and the last call has
   passed, or at once when max_nodes have joined;
@@ -83,9 +84,14 @@ class Run:
 
     def start(self) -> None:
         """Starts the failure detector and timers; call on the event loop."""
-        self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+        self._start_timer()
         self._maybe_form()
         self._report_membership()
+
+    def _start_timer(self) -> None:
+        """Starts the timer loop unless it runs (it ends when the run ends)."""
+        if self._timer is None or self._timer.done():
+            self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
 
     async def close(self) -> None:
         if self._timer is not None:
@@ -114,6 +120,30 @@ class Run:
         return MembershipUpdate(self.membership(), self._state.phase, self._admissible(),
                                 self._state.reason)
 
+    def start_afresh_if_ended(self, min_nodes: int, max_nodes: int) -> None:
+        """A first join of an ended run is the next job with this run id: it starts a new run.
+
+        A shared orchestrator outlives jobs, and jobs reuse run ids (the default
+        is "default"); without this, the first job's end would refuse every later
+        one. Nodes left over from a failed run are removed, so they cannot mix
+        with the new job; ids and generations keep counting.
+        """
+        state = self._state
+        if not state.phase.ended:
+            return
+        ended = f"run {state.run_id!r} {state.phase.lower()} ({state.reason})"
+        for node_id in list(state.nodes):
+            state.remove_node(node_id, f"{ended}; a new job started it afresh")
+            self._liveness.forget(node_id)
+        state.start_afresh(min_nodes, max_nodes, self._settings)
+        state.reason = f"a new job started it afresh after: {ended}"
+        self._unacked = None
+        self._last_call_at = None
+        self._forming_since = time.monotonic()
+        self._note("run_restarted", None, [], state.reason)
+        self._commit(wakes_joins=True)
+        self._start_timer()
+
     def check_config(self, min_nodes: int, max_nodes: int) -> None:
         state = self._state
         if (min_nodes, max_nodes) != (state.min_nodes, state.max_nodes):
@@ -129,10 +159,7 @@ class Run:
         """Returns once the node is a member of a generation newer than ``last_generation``."""
         self._check_not_failed()
         state = self._state
-        if last_generation > state.generation:
-            raise InvalidArgumentError(
-                f"last_generation={last_generation} does not exist yet (the current generation "
-                f"is {state.generation}); pass the generation your last join returned")
+        check_last_generation(last_generation, state.generation)
         if node_id is None:
             node = await self._admit_new(address, nonce)
         else:
@@ -187,7 +214,7 @@ class Run:
                 if self._version != sent:
                     sent = self._version
                     yield self.update()
-                    if self._state.phase == Phase.FAILED:
+                    if self._state.phase.ended:
                         return
                     continue
                 await wake.wait()
@@ -279,24 +306,36 @@ class Run:
     # --------------------------------------------------------------- internals
 
     async def _admit_new(self, address: str, nonce: str, enqueue: bool = True) -> Node:
-        """Gives a new node its permanent id (or finds it again on a retried join)."""
+        """Gives a new node its permanent id, or finds it again for a join retried with its
+        nonce; returns once the node is durable.
+
+        The node is recorded before the first ``await``, so concurrent joins with one
+        nonce get one node; it is answered only after the save, so a restart never
+        forgets an id someone was told, nor gives it out again.
+        """
         state = self._state
-        if nonce in state.nonces:
-            return self._known_node(state.nonces[nonce])
-        state.blocklist.check(address)
-        node = Node(state.next_id, address, nonce)
-        state.next_id += 1
-        # The id is durable before anyone sees it, so a restart never gives it out again.
-        await self._committer.wait(self._save())
-        self._check_not_failed()
-        state.add_node(node)
-        self._liveness.touch(node.node_id, time.monotonic())
-        if enqueue:
-            self._enqueue(node)
+        known = state.nonces.get(nonce) if nonce else None
+        if known is not None:
+            node = self._known_node(known)
+            if node.address != address:
+                raise InvalidArgumentError(
+                    f"nonce {nonce!r} was sent by {node.address}, not {address}; a nonce "
+                    f"names one node's join attempt: send a new random nonce per join")
+            ticket = self._committer.last_ticket
         else:
-            self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
-                      f"registered, address {address}", address=address)
-            self._save()
+            state.blocklist.check(address)
+            node = Node(state.next_id, address, nonce)
+            state.next_id += 1
+            state.add_node(node)
+            self._liveness.touch(node.node_id, time.monotonic())
+            if enqueue:
+                self._enqueue(node)
+            else:
+                self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
+                          f"registered, address {address}", address=address)
+            ticket = self._save()
+        await self._committer.wait(ticket)
+        self._check_not_failed()
         return node
 
     def _enqueue(self, node: Node) -> None:
@@ -486,7 +525,9 @@ class Run:
             self._log(ev.NODE_LEFT, node_id, [node_id], cause, reason=cause)
         if failed and lost:
             self._log(ev.FAILURE_DETECTED, None, lost, cause, failed=lost, cause=cause)
-        if lost and state.phase == Phase.ACTIVE:
+        if not state.nodes and not failed:
+            self._complete(ids, cause)
+        elif lost and state.phase == Phase.ACTIVE:
             self._forming_since = time.monotonic()
             survivors = [m for m in state.members if m not in lost]
             state.members = {m: state.members[m] for m in survivors}
@@ -510,6 +551,21 @@ class Run:
         self._note("below_min", None, survivors, state.reason)
         state.gathers.end()
         self._timer_wake.set()
+
+    def _complete(self, last: list[int], cause: str) -> None:
+        """Ends the run when its last node left of its own accord: the job is done.
+
+        Not a failure, and not below min_nodes either: nobody is expected back.
+        """
+        state = self._state
+        state.phase = Phase.COMPLETED
+        state.reason = f"completed: every node left (the last: {last}, {cause})"
+        state.members = {}
+        state.below_min_at = None
+        state.gathers.end()
+        self._last_call_at = None
+        self._unacked = None
+        self._note("run_completed", None, last, state.reason)
 
     def _fail(self, reason: str) -> None:
         state = self._state
@@ -569,7 +625,7 @@ class Run:
 
     async def _timer_loop(self) -> None:
         """Failure detector, last call and below-min deadline, sleeping until the next is due."""
-        while self._state.phase != Phase.FAILED:
+        while not self._state.phase.ended:
             now = time.monotonic()
             self._on_timers(now)
             due = [now + 1.0]
@@ -599,6 +655,15 @@ class Run:
                        f"the job with enough nodes")
         elif self._last_call_at is not None and now >= self._last_call_at:
             self._maybe_form()
+
+
+def check_last_generation(last_generation: int, generation: int) -> None:
+    """Refuses a join from a generation the run has not reached (for a run that does not exist
+    yet, ``generation`` is 0: checked before the join creates it)."""
+    if last_generation > generation:
+        raise InvalidArgumentError(
+            f"last_generation={last_generation} does not exist yet (the current generation "
+            f"is {generation}); pass the generation your last join returned")
 
 
 def _woken(event: asyncio.Event) -> asyncio.Event:

@@ -64,10 +64,21 @@ class RunState:
 
     @classmethod
     def new(cls, run_id: str, min_nodes: int, max_nodes: int, settings: RunSettings) -> RunState:
-        blocklist = Blocklist(settings.blocklist_after, settings.blocklist_cooldown,
-                              settings.blocklist_max_cooldown)
-        return cls(run_id, min_nodes, max_nodes, blocklist,
+        return cls(run_id, min_nodes, max_nodes, _new_blocklist(settings),
                    collections.deque(maxlen=settings.history_size))
+
+    def start_afresh(self, min_nodes: int, max_nodes: int, settings: RunSettings) -> None:
+        """Makes an ended run (its nodes removed) the next job with the same run id.
+
+        Ids and generations keep counting and the history goes on, so nothing of
+        the ended job is reused and its ids still name what they named.
+        """
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
+        self.blocklist = _new_blocklist(settings)
+        self.gathers = Gathers()
+        self.phase = Phase.FORMING
+        self.members = {}
+        self.below_min_at = None
 
     def add_node(self, node: Node) -> None:
         self.nodes[node.node_id] = node
@@ -86,6 +97,11 @@ class RunState:
         self.nonces.pop(node.nonce, None)
         self.removed[node_id] = cause
         return node
+
+
+def _new_blocklist(settings: RunSettings) -> Blocklist:
+    return Blocklist(settings.blocklist_after, settings.blocklist_cooldown,
+                     settings.blocklist_max_cooldown)
 
 
 def encode(state: RunState) -> Snapshot:

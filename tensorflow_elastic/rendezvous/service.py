@@ -24,11 +24,11 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
     REASON_METADATA_KEY, UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
 from tensorflow_elastic.rendezvous.metrics import Metrics
-from tensorflow_elastic.rendezvous.run import Run
+from tensorflow_elastic.rendezvous.run import Run, check_last_generation
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import MembershipUpdate
+from tensorflow_elastic.rendezvous.types import MembershipUpdate, Phase
 
 MAX_RUN_ID = 128
 MAX_NAME = 256
@@ -64,7 +64,8 @@ async def _abort(context: grpc.aio.ServicerContext, error: RendezvousError) -> N
 
 
 class RendezvousService:
-    """Serves every run of this orchestrator; a run is created by its first join."""
+    """Serves every run of this orchestrator; a run is created by its first join, once the
+    join has passed every check that does not need the run."""
 
     def __init__(self, settings: RunSettings, store: MembershipStore, events: EventLog,
                  metrics: Metrics):
@@ -76,9 +77,15 @@ class RendezvousService:
         self._encoded: dict[str, _Encoded] = {}
 
     async def load(self) -> None:
-        """Restores the runs saved in the store and starts their timers."""
-        for snapshot in self._store.load().values():
-            self._add_run(decode(snapshot, self._settings)).start()
+        """Restores the runs saved in the store and starts their timers; a run that cannot be
+        restored is set aside rather than keeping every other run from being served."""
+        for run_id, snapshot in self._store.load().items():
+            try:
+                state = decode(snapshot, self._settings)
+            except Exception as e:  # noqa: BLE001 - a file can hold anything
+                self._store.set_aside(run_id, f"{type(e).__name__}: {e}")
+                continue
+            self._add_run(state).start()
 
     async def close(self) -> None:
         for run in self._runs.values():
@@ -139,19 +146,22 @@ class RendezvousService:
         if request.last_generation < 0:
             raise InvalidArgumentError("last_generation must be 0 (none) or a generation number")
         _check_timeout(request.timeout_s)
+        if request.register_only and request.HasField("node_id"):
+            raise InvalidArgumentError("register_only gives out a new id: omit node_id")
         run = self._runs.get(request.run_id)
         if run is None:
             if request.HasField("node_id"):
                 raise RendezvousError(
                     f"this orchestrator has no run {request.run_id!r}, so node id "
                     f"{request.node_id} is unknown; join without a node id", reason=UNKNOWN_RUN)
+            check_last_generation(request.last_generation, 0)
             run = self._add_run(RunState.new(request.run_id, request.min_nodes,
                                              request.max_nodes, self._settings))
             run.start()
+        if not request.HasField("node_id"):
+            run.start_afresh_if_ended(request.min_nodes, request.max_nodes)
         run.check_config(request.min_nodes, request.max_nodes)
         if request.register_only:
-            if request.HasField("node_id"):
-                raise InvalidArgumentError("register_only gives out a new id: omit node_id")
             node_id = await run.register(request.address, request.nonce)
             return (pb.JoinResponse(node_id=node_id).SerializeToString()
                     + self._encode(run).join_tail)
@@ -165,7 +175,7 @@ class RendezvousService:
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         info = self._run(request.run_id).heartbeat(request.node_id, request.generation)
-        return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
+        return pb.HeartbeatResponse(generation=info.generation, state=_wire_state(info.state),
                                     waiting=info.waiting, removed=info.removed,
                                     member=info.member, queued=info.queued)
 
@@ -185,7 +195,7 @@ class RendezvousService:
         encoded = self._encode(run)
         if encoded.update is None:
             encoded.update = pb.MembershipUpdate(
-                membership=encoded.membership, state=pb.RunState.Value(update.state),
+                membership=encoded.membership, state=_wire_state(update.state),
                 waiting=update.waiting, reason=update.reason).SerializeToString()
         return encoded.update
 
@@ -242,7 +252,7 @@ class RendezvousService:
         s = run.status()
         return pb.RunStatus(
             run_id=s.run_id, min_nodes=s.min_nodes, max_nodes=s.max_nodes,
-            state=pb.RunState.Value(s.state), reason=s.reason,
+            state=_wire_state(s.state), reason=s.reason,
             membership=self._encode(run).membership,
             nodes=[pb.NodeStatus(node_id=n.node_id, address=n.address, role=n.role,
                                  silent_s=n.silent_s) for n in s.nodes],
@@ -258,6 +268,13 @@ class _Encoded:
     # The membership as field 2 of a JoinResponse; append it to the node id.
     join_tail: bytes
     update: bytes | None = None
+
+
+def _wire_state(phase: str) -> int:
+    """The protocol's RunState has no COMPLETED (yet): a completed run goes out as FORMING,
+    which is what it is to a client (no generation runs; a first join starts the next one),
+    and its reason says it completed."""
+    return pb.RunState.Value(Phase.FORMING if phase == Phase.COMPLETED else phase)
 
 
 def _serialize(reply: Any) -> bytes:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import hashlib
 import json
+import logging
 import os
 import tempfile
 from typing import Any, Callable
 
 Snapshot = dict[str, Any]
+
+logger = logging.getLogger(__name__)
 
 
 class MembershipStore(abc.ABC):
@@ -31,7 +35,12 @@ class MembershipStore(abc.ABC):
 
     @abc.abstractmethod
     def load(self) -> dict[str, Snapshot]:
-        """Returns every saved run."""
+        """Returns every saved run that can be read; sets the others aside."""
+
+    @abc.abstractmethod
+    def set_aside(self, run_id: str, reason: str) -> None:
+        """Keeps a run that cannot be restored out of the way (and out of later loads), so that
+        the other runs are served; says so once."""
 
     @abc.abstractmethod
     def save(self, run_id: str, snapshot: Snapshot) -> None:
@@ -49,33 +58,62 @@ class MemoryStore(MembershipStore):
     def save(self, run_id: str, snapshot: Snapshot) -> None:
         pass
 
+    def set_aside(self, run_id: str, reason: str) -> None:
+        pass  # it loads nothing, so nothing of it can be unreadable
+
 
 class FileStore(MembershipStore):
-    """One JSON file per run in a directory, replaced atomically and fsynced."""
+    """One JSON file per run in a directory, replaced atomically and fsynced.
+
+    A file is named after a hash of its run id (the id itself is inside): any
+    id fits a file name. Files of the former naming (the id in hex) are renamed
+    when loaded. An unreadable file is renamed to ``<name>.corrupt`` and kept.
+    """
 
     _SUFFIX = ".run.json"
+    _TEMP_PREFIX = ".tmp-"
+    _SET_ASIDE_SUFFIX = ".corrupt"
 
     def __init__(self, directory: str):
         self.directory = os.path.abspath(directory)
         os.makedirs(self.directory, exist_ok=True)
 
     def _path(self, run_id: str) -> str:
-        # Hex keeps any run id a safe, reversible file name.
-        return os.path.join(self.directory, run_id.encode().hex() + self._SUFFIX)
+        return os.path.join(self.directory,
+                            hashlib.sha256(run_id.encode()).hexdigest() + self._SUFFIX)
 
     def load(self) -> dict[str, Snapshot]:
         runs = {}
         for name in sorted(os.listdir(self.directory)):
+            path = os.path.join(self.directory, name)
+            if name.startswith(self._TEMP_PREFIX):
+                # A save that kill -9 cut short; the file it was to replace is whole.
+                os.unlink(path)
+                continue
             if not name.endswith(self._SUFFIX):
                 continue
-            with open(os.path.join(self.directory, name), encoding="utf-8") as f:
-                snapshot = json.load(f)
-            runs[snapshot["run_id"]] = snapshot
+            try:
+                snapshot = _read_snapshot(path)
+            except (OSError, ValueError) as e:
+                self._set_aside_file(path, str(e))
+                continue
+            run_id = snapshot["run_id"]
+            if path != self._path(run_id):
+                os.replace(path, self._path(run_id))
+            runs[run_id] = snapshot
         return runs
+
+    def set_aside(self, run_id: str, reason: str) -> None:
+        self._set_aside_file(self._path(run_id), reason)
+
+    def _set_aside_file(self, path: str, reason: str) -> None:
+        os.replace(path, path + self._SET_ASIDE_SUFFIX)
+        logger.error("run state file %s cannot be restored (%s); moved it to %s and serving "
+                     "the other runs", path, reason, path + self._SET_ASIDE_SUFFIX)
 
     def save(self, run_id: str, snapshot: Snapshot) -> None:
         data = json.dumps(snapshot, separators=(",", ":")).encode()
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=self._TEMP_PREFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -90,6 +128,15 @@ class FileStore(MembershipStore):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _read_snapshot(path: str) -> Snapshot:
+    """The snapshot in a file; ValueError unless it is a JSON object naming its run."""
+    with open(path, "rb") as f:
+        snapshot = json.loads(f.read())
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("run_id"), str):
+        raise ValueError("not a JSON object with a run_id")
+    return snapshot
 
 
 class GroupCommitter:
@@ -111,6 +158,11 @@ class GroupCommitter:
             self._durable = self._changed
         elif self._writer is None or self._writer.done():
             self._writer = asyncio.get_running_loop().create_task(self._write())
+        return self._changed
+
+    @property
+    def last_ticket(self) -> int:
+        """The ticket of the latest change: waiting for it waits for every change so far."""
         return self._changed
 
     async def wait(self, ticket: int) -> None:

@@ -8,7 +8,8 @@ import enum
 
 class Phase(str, enum.Enum):
     """Where a run stands: FORMING (no generation: gathering min_nodes), ACTIVE
-    (a generation runs), FAILED (for good).
+    (a generation runs), or one of its two ends: COMPLETED (every node left) or FAILED.
+    The next first join of an ended run starts it afresh.
 
     A ``str`` so it compares equal to the names the protocol and the client use.
     """
@@ -16,6 +17,11 @@ class Phase(str, enum.Enum):
     FORMING = "FORMING"
     ACTIVE = "ACTIVE"
     FAILED = "FAILED"
+    COMPLETED = "COMPLETED"
+
+    @property
+    def ended(self) -> bool:
+        return self in (Phase.FAILED, Phase.COMPLETED)
 
     def __str__(self) -> str:
         # The bare name in messages and f-strings, not "Phase.ACTIVE".

@@ -7,9 +7,16 @@ import json
 import queue
 import threading
 
+import grpc
 import pytest
 
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+from tensorflow_elastic.rendezvous import Client
 from tensorflow_elastic.rendezvous.store import FileStore, GroupCommitter, MemoryStore
+
+# Node addresses: nothing needs to listen there.
+FIRST_NODE_PORT = 21000
 
 
 @pytest.mark.multiprocess
@@ -85,3 +92,93 @@ def test_group_commit_batches_changes_made_during_a_save():
     saved = asyncio.run(scenario())
     assert saved[-1] == {"n": 100}
     assert len(saved) <= 2
+
+
+@pytest.mark.multiprocess
+def test_an_id_handed_out_by_register_survives_kill_9_right_after_the_reply(
+        start_orchestrator, tmp_path):
+    state_dir = str(tmp_path / "state")
+    server = start_orchestrator("--state_dir", state_dir)
+    port = server.port
+    for attempt in range(4):
+        client = Client(server.endpoint, "job", retry_timeout=20.0)
+        node_id = client.register(f"127.0.0.1:{FIRST_NODE_PORT + attempt}", 1, 8)
+        server.kill()  # SIGKILL at once: only what was durable before the reply survives
+        server = start_orchestrator("--state_dir", state_dir, port=port)
+        assert client.heartbeat().generation == 0, f"node {node_id} after restart {attempt}"
+        client.close()
+
+
+@pytest.mark.multiprocess
+def test_one_nonce_gets_one_node_however_many_joins_carry_it(start_orchestrator, tmp_path):
+    # A state dir, so that a join awaits its save (the window the nonce must be reserved in).
+    server = start_orchestrator("--state_dir", str(tmp_path / "state"))
+    with grpc.insecure_channel(server.endpoint) as channel:
+        stub = pb_grpc.RendezvousStub(channel)
+
+        def register(nonce: str, port: int):
+            return stub.Join.future(pb.JoinRequest(
+                run_id="job", address=f"127.0.0.1:{port}", min_nodes=1, max_nodes=100,
+                nonce=nonce, timeout_s=10, register_only=True), timeout=20)
+
+        for trial in range(5):
+            nonce = f"nonce-{trial}"
+            calls = [register(nonce, FIRST_NODE_PORT + trial) for _ in range(3)]
+            assert len({call.result().node_id for call in calls}) == 1, f"trial {trial}"
+            # The nonce belongs to the address that sent it first.
+            with pytest.raises(grpc.RpcError) as e:
+                register(nonce, FIRST_NODE_PORT + 99).result()
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "nonce" in e.value.details()
+
+
+@pytest.mark.multiprocess
+def test_unreadable_state_files_are_set_aside_and_the_other_runs_served(
+        start_orchestrator, nodes_for, tmp_path):
+    state_dir = tmp_path / "state"
+    first = start_orchestrator("--state_dir", str(state_dir))
+    nodes_for(first.endpoint, run_id="good").join(1, 1, 1, heartbeat=None)
+    nodes_for(first.endpoint, run_id="future").join(1, 1, 1, heartbeat=None)
+    first.kill()
+    files = {json.loads(p.read_bytes())["run_id"]: p for p in state_dir.glob("*.run.json")}
+    future = json.loads(files["future"].read_bytes())
+    files["future"].write_text(json.dumps(dict(future, format=99)))
+    bad = {"truncated.run.json": files["good"].read_bytes()[:40],
+           "random.run.json": bytes(range(256)) * 4,
+           "empty.run.json": b"{}"}
+    for name, data in bad.items():
+        (state_dir / name).write_bytes(data)
+    (state_dir / ".tmp-left-by-kill-9").write_bytes(b"half a snapshot")
+
+    second = start_orchestrator("--state_dir", str(state_dir), port=first.port)
+
+    assert [run.run_id for run in nodes_for(second.endpoint).client().status(all_runs=True)] == [
+        "good"]
+    for path in [state_dir / name for name in bad] + [files["future"]]:
+        assert not path.exists() and path.with_name(path.name + ".corrupt").exists()
+        assert len([line for line in second.output if path.name in line]) == 1, second.output
+    assert (state_dir / "random.run.json.corrupt").read_bytes() == bad["random.run.json"]
+    assert not list(state_dir.glob(".tmp-*"))
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("run_id", ["r" * 128, "\N{GRINNING FACE}" * 31, "\N{GRINNING FACE}" * 128])
+def test_run_ids_up_to_the_limit_are_stored(start_orchestrator, nodes_for, tmp_path, run_id):
+    state_dir = str(tmp_path / "state")
+    first = start_orchestrator("--state_dir", state_dir)
+    [(_, m)] = nodes_for(first.endpoint, run_id=run_id).join(1, 1, 1, heartbeat=None)
+    first.kill()
+    second = start_orchestrator("--state_dir", state_dir, port=first.port)
+    [run] = nodes_for(second.endpoint).client().status(all_runs=True)
+    assert (run.run_id, run.membership.members) == (run_id, m.members)
+
+
+def test_a_state_dir_of_the_former_naming_loads(tmp_path):
+    # Before file names were hashed, a run's file was named after its id in hex.
+    (tmp_path / ("job".encode().hex() + ".run.json")).write_text(
+        json.dumps({"run_id": "job", "generation": 3}))
+    store = FileStore(str(tmp_path))
+    assert store.load() == {"job": {"run_id": "job", "generation": 3}}
+    store.save("job", {"run_id": "job", "generation": 4})
+    assert FileStore(str(tmp_path)).load() == {"job": {"run_id": "job", "generation": 4}}
+    assert len(list(tmp_path.iterdir())) == 1

@@ -67,6 +67,15 @@ def test_the_below_min_deadline_survives_as_wall_clock_time():
     assert decode(snapshot, SETTINGS).below_min_at == pytest.approx(state.below_min_at, abs=0.01)
 
 
+@pytest.mark.parametrize("end", [Phase.COMPLETED, Phase.FAILED])
+def test_an_ended_run_stays_ended_after_a_restart(end):
+    state = RunState.new("job", 1, 1, SETTINGS)
+    state.next_id, state.generation, state.phase, state.reason = 3, 2, end, "why"
+    restored = decode(json.loads(json.dumps(encode(state))), SETTINGS)
+    assert (restored.phase, restored.reason, restored.next_id, restored.generation) == (
+        end, "why", 3, 2)
+
+
 def test_a_snapshot_of_another_format_is_refused():
     snapshot = encode(RunState.new("job", 1, 1, SETTINGS))
     snapshot["format"] += 1

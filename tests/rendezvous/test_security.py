@@ -113,3 +113,13 @@ def test_bad_requests_are_refused_and_the_server_stays_up(orchestrator, nodes_fo
     assert (run.state, run.membership.generation, run.membership.members) == (
         "ACTIVE", 2, m.members)
     assert a.heartbeat().generation == b.heartbeat().generation == 2
+
+
+@pytest.mark.parametrize("fields", [dict(last_generation=3), dict(register_only=True, node_id=0)])
+def test_a_refused_first_join_creates_no_run(orchestrator, nodes_for, fields):
+    with grpc.insecure_channel(orchestrator.endpoint) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.RendezvousStub(channel).Join(_join(**fields)[1], timeout=10)
+    assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                              grpc.StatusCode.FAILED_PRECONDITION)
+    assert nodes_for(orchestrator.endpoint).client().status(all_runs=True) == []

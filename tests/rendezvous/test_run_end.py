@@ -1,0 +1,62 @@
+"""How a run ends (completed or failed) and how the next job with the same run id starts it
+afresh."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tensorflow_elastic.rendezvous import NodeRemovedError, RunFailedError
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_a_completed_run_ends_as_completed_and_a_new_job_starts_it_afresh(
+        start_orchestrator, nodes_for, tmp_path):
+    state_dir = str(tmp_path / "state")
+    first = start_orchestrator("--below_min_timeout", "2", "--state_dir", state_dir)
+    nodes = nodes_for(first.endpoint, run_id="default")
+    [(done, m1)] = nodes.join(1, 1, 1, heartbeat=None)
+    done.leave("job complete")
+    time.sleep(3)  # past --below_min_timeout: a completed run must not fail
+
+    [run] = nodes.client().status()
+    assert run.reason.startswith("completed: every node left")
+    assert run.history[-1]["event"] == "run_completed"
+    # The end is saved: a restarted orchestrator still knows the run completed.
+    first.kill()
+    second = start_orchestrator("--below_min_timeout", "2", "--state_dir", state_dir,
+                                port=first.port)
+    [run] = nodes.client().status()
+    assert run.reason.startswith("completed: every node left")
+
+    # The next job with the same run id (other bounds are fine) starts the run afresh;
+    # ids and generations keep counting, so nothing of the first job is reused.
+    [(again, m2), _] = nodes.join(2, 2, 2)
+    assert m2.generation == m1.generation + 1
+    assert min(m2.members) > m1.node_id
+    [run] = again.status()
+    assert (run.state, run.min_nodes, run.max_nodes) == ("ACTIVE", 2, 2)
+    assert "run_restarted" in [h["event"] for h in run.history]
+    with pytest.raises(NodeRemovedError):
+        done.heartbeat()
+    assert second.endpoint == first.endpoint
+
+
+def test_a_failed_run_is_started_afresh_by_a_new_first_join(start_orchestrator, nodes_for, wait):
+    server = start_orchestrator("--below_min_timeout", "1", heartbeat_timeout=1.0)
+    nodes = nodes_for(server.endpoint)
+    (a, _), (b, m1) = nodes.join(2, 2, 2)
+    b.stop_heartbeats()
+    wait(lambda: a.heartbeat().state == "FORMING", what="the run falling below min_nodes")
+    with pytest.raises(RunFailedError, match="not enough nodes came back within 1 s"):
+        a.join(timeout=30)
+
+    [(fresh, m2)] = nodes.join(1, 1, 1)
+    assert m2.generation > m1.generation and m2.node_id > max(m1.members)
+    [run] = fresh.status()
+    assert (run.state, run.min_nodes, run.max_nodes) == ("ACTIVE", 1, 1)
+    # The failed job's nodes are not part of the new one.
+    with pytest.raises(NodeRemovedError, match="run 'job' failed"):
+        a.heartbeat()
