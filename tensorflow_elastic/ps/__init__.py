@@ -10,7 +10,7 @@ _LAZY = {
     "PSConfig": "tensorflow_elastic.ps.config",
     "POLICIES": "tensorflow_elastic.ps.config",
     "Master": "tensorflow_elastic.ps.master",
-    "Gradient": "tensorflow_elastic.ps.master",
+    "Gradient": "tensorflow_elastic.ps.gradient",
     "ParameterServer": "tensorflow_elastic.ps.server",
     "PSWorker": "tensorflow_elastic.ps.worker",
     "WorkerResult": "tensorflow_elastic.ps.worker",
