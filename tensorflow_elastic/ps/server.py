@@ -23,8 +23,9 @@ from tensorflow_elastic.events import EventLog
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig
-from tensorflow_elastic.ps.memory import keep_large_buffers
+from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
+from tensorflow_elastic.ps.memory import keep_large_buffers
 from tensorflow_elastic.ps.parameters import Parameters
 from tensorflow_elastic.ps.registry import WorkerRegistry
 from tensorflow_elastic.ps.service import ParameterServerService
@@ -52,7 +53,7 @@ class ParameterServer:
     """
 
     def __init__(self, variables: Sequence[Any], optimizer: Any, config: PSConfig | None = None,
-                 *, host: str = "127.0.0.1", port: int = 0, job_id: str = "default",
+                 *, host: str = "127.0.0.1", port: int = 0, run_id: str = "default",
                  checkpoint_dir: str | None = None, checkpoint_every: int = 100,
                  lease_timeout: float = 10.0, idle_timeout: float = 300.0,
                  events_file: str | None = None, step_events_every: int = 10,
@@ -64,7 +65,7 @@ class ParameterServer:
                             ("step_events_every", step_events_every)):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        self.job_id = job_id
+        self.run_id = run_id
         self.parameters = Parameters(variables, optimizer)
         self.registry = WorkerRegistry(lease_timeout)
         self.master = Master(config, self._apply, on_event=self._on_master_event)
@@ -113,7 +114,7 @@ class ParameterServer:
         self._server = server
         self._thread = threading.Thread(target=self._loop, name="ps-master", daemon=True)
         self._thread.start()
-        logger.info("parameter server for job %r listening on %s", self.job_id, self.address)
+        logger.info("parameter server for run %r listening on %s", self.run_id, self.address)
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -138,6 +139,18 @@ class ParameterServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def policy(self) -> str:
+        return self.master.config.policy
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.registry.lease_timeout
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.master.stop_reason
+
     # ------------------------------------------------------------------- workers
 
     def add_worker(self, worker_id: str) -> str:
@@ -147,6 +160,16 @@ class ParameterServer:
             self._events.record(events.NODE_JOINED, node=_node(worker_id),
                                 generation=self.parameters.version, role="worker")
         return worker_id
+
+    def renew_lease(self, worker_id: str) -> bool:
+        """False for a worker the PS does not know (it must register again)."""
+        return self.registry.touch(worker_id)
+
+    def live_workers(self) -> list[str]:
+        return self.registry.live()
+
+    def submit(self, gradient: Gradient) -> None:
+        self.master.submit(gradient)
 
     def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None:
         """A worker's own goodbye: its work is done (``finished``) or it was preempted.
@@ -250,7 +273,9 @@ class ParameterServer:
         stats["workers"] = self.registry.live()
         return stats
 
-    def config_dict(self) -> dict[str, Any]:
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        """Changes settings while training runs; returns those in force (ValueError: refused)."""
+        self.master.update_config(**changes)
         return dataclasses.asdict(self.master.config)
 
     def _on_master_event(self, name: str, **fields: Any) -> None:
