@@ -157,8 +157,7 @@ class ParameterServer:
         worker_id, is_new = self.registry.register(worker_id)
         if is_new:
             self.master.add_worker(worker_id)
-            self._events.record(events.NODE_JOINED, node=_node(worker_id),
-                                generation=self.parameters.version, role="worker")
+            self._record(events.NODE_JOINED, node=_node(worker_id), role="worker")
         return worker_id
 
     def renew_lease(self, worker_id: str) -> bool:
@@ -179,8 +178,7 @@ class ParameterServer:
         """
         if self.registry.remove(worker_id, finished=finished):
             self.master.remove_worker(worker_id, finished=True)
-            self._events.record(events.NODE_LEFT, node=_node(worker_id),
-                                generation=self.parameters.version, reason=reason)
+            self._record(events.NODE_LEFT, node=_node(worker_id), reason=reason)
 
     # --------------------------------------------------------------- master loop
 
@@ -194,9 +192,8 @@ class ParameterServer:
                     self._save_checkpoint()
                 for worker_id in self.registry.expired():
                     self.master.remove_worker(worker_id, finished=False)
-                    self._events.record(events.FAILURE_DETECTED, node=_node(worker_id),
-                                        generation=self.parameters.version,
-                                        failed=[_node(worker_id)], cause="lease expired")
+                    self._record(events.FAILURE_DETECTED, node=_node(worker_id),
+                                 failed=[_node(worker_id)], cause="lease expired")
                 if self.master.should_stop() and not self.stopping.is_set():
                     self._begin_stop(self.master.stop_reason or "stop")
                 live = self.registry.live()
@@ -211,10 +208,8 @@ class ParameterServer:
                         f"{self.address}, or raise idle_timeout")
             self._save_checkpoint()
             if not self._shutdown.is_set():
-                self._events.record(events.JOB_COMPLETE, node=None,
-                                    generation=self.parameters.version,
-                                    version=self.parameters.version,
-                                    reason=self.master.stop_reason or "workers finished")
+                self._record(events.JOB_COMPLETE,
+                             reason=self.master.stop_reason or "workers finished")
         except BaseException as e:  # the caller of wait() gets it
             self.error = e
             logger.error("parameter server failed: %s", e)
@@ -234,8 +229,8 @@ class ParameterServer:
         if self._on_update is not None:
             self._on_update(version)
         if version % self._step_events_every == 0:
-            self._events.record(events.STEP, node=None, generation=version, step=version,
-                                loss=self.master.stats().get("last_loss"))
+            self._record(events.STEP, version=version, step=version,
+                         loss=self.master.stats().get("last_loss"))
 
     # --------------------------------------------------------------- checkpoints
 
@@ -247,7 +242,7 @@ class ParameterServer:
         state = self.master.state_dict()
         state["next_worker_id"] = self.registry.next_id
         path = self._checkpointer.save(version, state)
-        self._events.record(CHECKPOINT_SAVED, node=None, generation=version, path=path)
+        self._record(CHECKPOINT_SAVED, version=version, path=path)
 
     def _restore(self) -> None:
         if self._checkpointer is None:
@@ -260,8 +255,8 @@ class ParameterServer:
         self.master.load_state_dict(state)
         self.parameters.set_version(version)
         self.restored_version = self._saved_version = version
-        self._events.record(events.STATE_RESTORED, node=None, generation=version, step=version,
-                            lost_steps=None, source_checkpoint=self._checkpointer.directory)
+        self._record(events.STATE_RESTORED, version=version, step=version, lost_steps=None,
+                     source_checkpoint=self._checkpointer.directory)
         logger.info("resumed from checkpoint at version %d", version)
 
     # -------------------------------------------------------------------- status
@@ -281,7 +276,13 @@ class ParameterServer:
     def _on_master_event(self, name: str, **fields: Any) -> None:
         if name in (WORKER_ADDED, WORKER_REMOVED):
             return  # recorded as node_joined / node_left, the names every part uses
-        self._events.record(name, node=None, generation=self.parameters.version, **fields)
+        self._record(name, **fields)
+
+    def _record(self, event: str, node: int | str | None = None, **fields: Any) -> None:
+        """Records a PS event under the parameter version (``generation`` is the membership's
+        elsewhere; a PS has none)."""
+        fields.setdefault("version", self.parameters.version)
+        self._events.record(event, node=node, **fields)
 
 
 def _node(worker_id: str) -> int | str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorflow_elastic import events
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps import tensors
 from tensorflow_elastic.ps.checkpoint import Checkpointer, CheckpointError
@@ -292,3 +294,23 @@ def test_a_preempted_worker_pushes_its_gradient_in_flight_then_leaves(server_fac
     stats = server.stats()
     assert stats["accepted"] == result.iterations >= 3  # every pushed gradient counts
     assert stats["workers"] == [] and not server.stopping.is_set()  # the job goes on
+
+
+def test_ps_events_carry_the_parameter_version_and_no_membership_generation(server_factory,
+                                                                            tmp_path):
+    events_file = str(tmp_path / "events.jsonl")
+    server = server_factory(events_file=events_file, step_events_every=1)
+    with PSClient(server.address) as client:
+        client.register()
+        client.push(0, [np.ones((4, 2), np.float32), np.ones(2, np.float32)], loss=0.5)
+        client.pull(have_version=0, min_version=1, wait_seconds=10)
+        client.leave(finished=False, reason="preempted")
+    deadline = time.monotonic() + TIMEOUT_S
+    recorded = {}
+    while events.STEP not in recorded and time.monotonic() < deadline:  # recorded after the apply
+        time.sleep(0.01)
+        recorded = {e["event"]: e for e in events.read_events(events_file)}
+    assert recorded[events.NODE_JOINED]["version"] == 0
+    assert recorded[events.STEP]["version"] == recorded[events.STEP]["step"] == 1
+    assert recorded[events.NODE_LEFT]["version"] == 1
+    assert all(e["generation"] is None for e in recorded.values())
