@@ -60,7 +60,7 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
         variables: Sequence[Any] | None = None, gradient_fn: GradientFn | None = None,
         optimizer: Any = None, dataset: Iterable[Any] | None = None,
         config: PSConfig | None = None, role: str | None = None, address: str | None = None,
-        job_id: str | None = None, checkpoint_dir: str | None = None,
+        run_id: str | None = None, checkpoint_dir: str | None = None,
         checkpoint_every: int = 100, lease_timeout: float = 10.0, idle_timeout: float = 300.0,
         reconnect_timeout: float = 120.0) -> dict[str, Any] | WorkerResult:
     """Serves the model (role ``ps``: returns the PS's final stats) or trains it (``worker``).
@@ -69,9 +69,9 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
     are ignored by workers and ``reconnect_timeout`` by the PS, so one call
     serves both roles.
     """
-    role = role or environment.text(environment.PS_ROLE)
-    address = address or environment.text(environment.PS_ADDRESS)
-    job_id = job_id or environment.text(environment.RUN_ID, "default")
+    role = role or os.environ.get(ROLE_ENV)
+    address = address or os.environ.get(ADDRESS_ENV)
+    run_id = run_id or os.environ.get(JOB_ENV) or "default"
     if role not in (PS, WORKER):
         raise ValueError(f"role must be {PS!r} or {WORKER!r} (argument or ${environment.PS_ROLE}), got "
                          f"{role!r}; start the script with tfelastic-run --role ps|worker")
@@ -84,12 +84,12 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
             raise ValueError("the parameter server needs the optimizer that applies gradients")
         host, _, port = address.rpartition(":")
         server = ParameterServer(variables, optimizer, config, host=host, port=int(port),
-                                 job_id=job_id,
-                                 checkpoint_dir=checkpoint_dir or environment.text(environment.PS_CHECKPOINT_DIR),
+                                 run_id=run_id,
+                                 checkpoint_dir=checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV),
                                  checkpoint_every=checkpoint_every, lease_timeout=lease_timeout,
                                  idle_timeout=idle_timeout)
         server.start()
-        print(f"parameter server for job {job_id!r} listening on {server.address}", flush=True)
+        print(f"parameter server for run {run_id!r} listening on {server.address}", flush=True)
         _on_sigterm(server.stop)
         try:
             server.wait()
@@ -98,7 +98,7 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
         return server.stats()
     if dataset is None:
         raise ValueError("a worker needs its dataset (an iterable of batches)")
-    worker = PSWorker(address, variables, gradient_fn, job_id=job_id,
+    worker = PSWorker(address, variables, gradient_fn, run_id=run_id,
                       reconnect_timeout=reconnect_timeout)
     _on_sigterm(worker.request_stop)
     return worker.run(dataset)

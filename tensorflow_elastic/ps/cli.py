@@ -7,10 +7,11 @@ import json
 import sys
 
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
-from tensorflow_elastic.ps.client import PSClient, PSError
+from tensorflow_elastic.ps.client import PSClient
+from tensorflow_elastic.ps.errors import PSError
 
 # Every setting Configure takes, so a new field in the proto reaches the CLI by itself.
-SETTINGS = tuple(f.name for f in pb.ConfigureRequest.DESCRIPTOR.fields if f.name != "job_id")
+SETTINGS = tuple(f.name for f in pb.ConfigureRequest.DESCRIPTOR.fields if f.name != "run_id")
 
 
 def add_parsers(commands: argparse._SubParsersAction) -> None:
@@ -20,7 +21,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
         description="Prints the version, policy, live workers, accepted and rejected gradients "
                     "(by reason) and the staleness of applied gradients of a running PS.")
     status.add_argument("--ps_address", required=True, metavar="HOST:PORT")
-    status.add_argument("--run_id", default="default", help="the job id (default: %(default)s)")
+    status.add_argument("--run_id", default="default", help="the run id (default: %(default)s)")
     status.add_argument("--json", action="store_true", help="print the raw counters as JSON")
     status.set_defaults(func=_status)
     configure = commands.add_parser(
@@ -29,7 +30,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
                     "is refused and nothing changes) and adopts them at its next iteration. "
                     "Prints the settings in force.")
     configure.add_argument("--ps_address", required=True, metavar="HOST:PORT")
-    configure.add_argument("--run_id", default="default", help="the job id (default: %(default)s)")
+    configure.add_argument("--run_id", default="default", help="the run id (default: %(default)s)")
     for setting in SETTINGS:
         configure.add_argument(f"--{setting}", type=int, metavar="N")
     configure.set_defaults(func=_configure)
@@ -51,7 +52,7 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(stats, indent=2))
         return 0
     staleness = stats.get("staleness", {})
-    print(f"job {args.run_id}: version {status.version}, policy {status.policy}, "
+    print(f"run {args.run_id}: version {status.version}, policy {status.policy}, "
           f"{len(status.workers)} live worker(s) {list(status.workers)}"
           + (f", stopping ({status.stop_reason})" if status.stop else ""))
     print(f"  accepted {stats.get('accepted')}, rejected {stats.get('rejected_total')} "
@@ -72,7 +73,7 @@ def _configure(args: argparse.Namespace) -> int:
         try:
             reply = client.configure(**changes)
         except PSError as e:
-            print(f"tfelastic ps-configure: {e.message}", file=sys.stderr)
+            print(f"tfelastic ps-configure: {e}", file=sys.stderr)
             return 1
     print(reply.config_json)
     return 0

@@ -15,32 +15,26 @@ from typing import Any, Callable, Sequence, TypeVar
 import grpc
 import numpy as np
 
+from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import tensors
+from tensorflow_elastic.ps.errors import UNKNOWN_WORKER, PSError
 from tensorflow_elastic.ps.memory import keep_large_buffers
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 _RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+_BACKOFF_MAX_S = 1.0
 _OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 
 
-class PSError(RuntimeError):
-    """The parameter server refused a call or could not be reached in time."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.message = message
-
-
 class PSClient:
-    def __init__(self, address: str, job_id: str = "default", *, call_timeout: float = 60.0,
+    def __init__(self, address: str, run_id: str = "default", *, call_timeout: float = 60.0,
                  reconnect_timeout: float = 120.0):
         self.address = address
-        self.job_id = job_id
+        self.run_id = run_id
         self.worker_id = ""
         self.call_timeout = call_timeout
         self.reconnect_timeout = reconnect_timeout
@@ -60,30 +54,25 @@ class PSClient:
 
     def _call(self, method: Callable[..., T], request: Any, timeout: float | None = None,
               reregister: bool = True) -> T:
-        deadline = time.monotonic() + self.reconnect_timeout
-        delay = 0.05
-        while True:
-            try:
-                return method(request, timeout=timeout or self.call_timeout)
-            except grpc.RpcError as e:
-                code, details = e.code(), e.details() or ""
-                if code in _RETRYABLE and time.monotonic() + delay < deadline:
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                    continue
-                if code == grpc.StatusCode.NOT_FOUND and reregister and self.worker_id:
-                    logger.warning("parameter server forgot worker %s (%s); registering again",
-                                   self.worker_id, details)
-                    self.register()
-                    return self._call(method, request, timeout, reregister=False)
-                if code in _RETRYABLE:
-                    details = (f"parameter server at {self.address} unreachable for "
-                               f"{self.reconnect_timeout:.0f} s ({details})")
-                raise PSError(code, details) from None
+        attempt_timeout = timeout or self.call_timeout
+        try:
+            return rpc.call_with_retry(lambda: method(request, timeout=attempt_timeout), _RETRYABLE,
+                                       time.monotonic() + self.reconnect_timeout, _BACKOFF_MAX_S)
+        except grpc.RpcError as e:
+            error = rpc.rebuild_error(e, PSError)
+        if error.reason == UNKNOWN_WORKER and reregister and self.worker_id:
+            logger.warning("parameter server forgot worker %s (%s); registering again",
+                           self.worker_id, error.message)
+            self.register()
+            return self._call(method, request, timeout, reregister=False)
+        if error.code in _RETRYABLE:
+            error = PSError(f"parameter server at {self.address} unreachable for "
+                            f"{self.reconnect_timeout:.0f} s ({error.message})", error.code)
+        raise error
 
     def register(self) -> pb.RegisterResponse:
         response = self._call(self._stub.Register,
-                              pb.RegisterRequest(job_id=self.job_id, worker_id=self.worker_id),
+                              pb.RegisterRequest(run_id=self.run_id, worker_id=self.worker_id),
                               reregister=False)
         self.worker_id = response.worker_id
         self.registration = response
@@ -91,29 +80,29 @@ class PSClient:
 
     def pull(self, have_version: int = -1, min_version: int = 0,
              wait_seconds: float = 0.0) -> pb.PullResponse:
-        request = pb.PullRequest(job_id=self.job_id, worker_id=self.worker_id,
+        request = pb.PullRequest(run_id=self.run_id, worker_id=self.worker_id,
                                  have_version=have_version, min_version=min_version,
                                  wait_seconds=wait_seconds)
         return self._call(self._stub.Pull, request, timeout=self.call_timeout + wait_seconds)
 
     def push(self, version: int, gradients: Sequence[np.ndarray], samples: int = 1,
              loss: float | None = None) -> pb.PushResponse:
-        request = pb.PushRequest(job_id=self.job_id, worker_id=self.worker_id, version=version,
+        request = pb.PushRequest(run_id=self.run_id, worker_id=self.worker_id, version=version,
                                  samples=samples, loss=loss)
         tensors.encode_into(request.gradients, gradients)
         return self._call(self._stub.Push, request)
 
     def heartbeat(self) -> pb.PushResponse:
         return self._call(self._stub.Heartbeat,
-                          pb.HeartbeatRequest(job_id=self.job_id, worker_id=self.worker_id))
+                          pb.HeartbeatRequest(run_id=self.run_id, worker_id=self.worker_id))
 
     def leave(self, finished: bool, reason: str = "") -> None:
-        self._call(self._stub.Leave, pb.LeaveRequest(job_id=self.job_id, worker_id=self.worker_id,
+        self._call(self._stub.Leave, pb.LeaveRequest(run_id=self.run_id, worker_id=self.worker_id,
                                                      finished=finished, reason=reason),
                    reregister=False)
 
     def status(self) -> pb.StatusResponse:
-        return self._call(self._stub.Status, pb.StatusRequest(job_id=self.job_id))
+        return self._call(self._stub.Status, pb.StatusRequest(run_id=self.run_id))
 
     def configure(self, **changes: int) -> pb.ConfigureResponse:
-        return self._call(self._stub.Configure, pb.ConfigureRequest(job_id=self.job_id, **changes))
+        return self._call(self._stub.Configure, pb.ConfigureRequest(run_id=self.run_id, **changes))

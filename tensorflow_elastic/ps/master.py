@@ -14,32 +14,15 @@ the per-worker samples (the wskew shares) survive a restart through
 from __future__ import annotations
 
 import collections
-import dataclasses
-import enum
-import itertools
-import math
 import threading
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.gradient import Gradient, aggregate
 from tensorflow_elastic.ps.policies import Policy, make_policy
-
-
-class Rejected(str, enum.Enum):
-    """Why a gradient was not accepted (the values are the keys of ``stats()["rejected"]``)."""
-
-    STALE = "stale"                     # older than max_staleness versions (synch: any older version)
-    FINISHED = "finished"               # its worker acknowledged the end, or the job is stopping
-    UNKNOWN_WORKER = "unknown_worker"   # never registered, or removed after dying
-    FUTURE_VERSION = "future_version"   # a version the master has not reached (e.g. after a restart)
-    DUPLICATE = "duplicate"             # synch: a second gradient from one worker in a round
-
-
-# Accepted gradients that are dropped instead of applied (keys of ``stats()["dropped"]``).
-DROPPED_STALE = "stale"              # aged past max_staleness while held
-DROPPED_WORKER_LEFT = "worker_left"  # its worker died or left before the gradient was applied
+from tensorflow_elastic.ps.stats import DROPPED_STALE, DROPPED_WORKER_LEFT, Rejected, Tally
 
 # Names passed to ``on_event``.
 WORKER_ADDED = "ps_worker_added"
@@ -55,37 +38,6 @@ STOP_CONVERGED = "converged"
 ARRAY_KEYS = ("reference",)
 
 
-@dataclasses.dataclass
-class Gradient:
-    """One worker's gradient, computed on parameter ``version``."""
-
-    worker: str
-    version: int
-    arrays: list[np.ndarray]   # one per variable; the server has checked shapes and dtypes
-    samples: int = 1           # samples behind this gradient (wskew)
-    loss: float | None = None
-    sequence: int = 0          # arrival order, set by Master.submit
-
-
-def aggregate(block: Sequence[Gradient], weights: np.ndarray | None = None) -> list[np.ndarray]:
-    """The (weighted) mean of the block, variable by variable, in the gradients' dtype.
-
-    A block of one is returned as is: no copy on the common path of one
-    gradient per update.
-    """
-    if len(block) == 1:
-        return list(block[0].arrays)
-    if weights is None:
-        weights = np.full(len(block), 1.0 / len(block))
-    result = []
-    for parts in zip(*(g.arrays for g in block)):
-        total = parts[0] * parts[0].dtype.type(weights[0])
-        for part, weight in zip(parts[1:], weights[1:]):
-            total += part * part.dtype.type(weight)
-        result.append(np.asarray(total))
-    return result
-
-
 def plateaued(losses: Sequence[float], window: int, tolerance: float) -> bool:
     """True when the mean of the last ``window`` losses improves on the window before by less
     than ``tolerance``, relative to the earlier mean."""
@@ -94,76 +46,6 @@ def plateaued(losses: Sequence[float], window: int, tolerance: float) -> bool:
     before = float(np.mean(losses[-2 * window:-window]))
     last = float(np.mean(losses[-window:]))
     return (before - last) < tolerance * max(abs(before), np.finfo(float).tiny)
-
-
-def percentile(histogram: dict[int, int], fraction: float) -> int | None:
-    """Nearest-rank percentile of a {value: count} histogram; None when it is empty."""
-    total = sum(histogram.values())
-    if total == 0:
-        return None
-    rank = max(1, math.ceil(fraction * total))
-    values = sorted(histogram)
-    cumulative = itertools.accumulate(histogram[value] for value in values)
-    return next(value for value, seen in zip(values, cumulative) if seen >= rank)
-
-
-@dataclasses.dataclass
-class _Tally:
-    """The master's counters: what stats() reports and state_dict() saves."""
-
-    accepted: int = 0
-    updates: int = 0
-    applied: int = 0
-    fast_path: int = 0
-    peak_workers: int = 0
-    rejected: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {reason.value: 0 for reason in Rejected})
-    dropped: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {DROPPED_STALE: 0, DROPPED_WORKER_LEFT: 0})
-    per_worker: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    # staleness (versions behind when applied) -> gradients
-    staleness: dict[int, int] = dataclasses.field(default_factory=dict)
-    losses: list[float] = dataclasses.field(default_factory=list)
-    last_loss: float | None = None
-
-    def worker(self, name: str) -> dict[str, int]:
-        return self.per_worker.setdefault(name, {"accepted": 0, "rejected": 0, "samples": 0})
-
-    def accept(self, gradient: Gradient, window: int | None) -> None:
-        self.accepted += 1
-        counts = self.worker(gradient.worker)
-        counts["accepted"] += 1
-        counts["samples"] += gradient.samples
-        if gradient.loss is not None:
-            self.last_loss = float(gradient.loss)
-            if window is not None:
-                self.losses = (self.losses + [self.last_loss])[-2 * window:]
-
-    def reject(self, worker: str, reason: Rejected) -> None:
-        self.rejected[reason.value] += 1
-        self.worker(worker)["rejected"] += 1
-
-    def update(self, block: Sequence[Gradient], version: int) -> None:
-        self.updates += 1
-        self.applied += len(block)
-        for gradient in block:
-            lag = version - gradient.version
-            self.staleness[lag] = self.staleness.get(lag, 0) + 1
-
-    def samples(self) -> dict[str, int]:
-        return {name: counts["samples"] for name, counts in self.per_worker.items()}
-
-    def state(self) -> dict[str, Any]:
-        state = dataclasses.asdict(self)
-        state["staleness"] = {str(lag): count for lag, count in self.staleness.items()}
-        return state
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "_Tally":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        tally = cls(**{key: value for key, value in state.items() if key in fields})
-        tally.staleness = {int(lag): int(count) for lag, count in tally.staleness.items()}
-        return tally
 
 
 class Master:
@@ -195,7 +77,7 @@ class Master:
         self._finished: dict[str, int] = {}
         self._policy: Policy = make_policy(config.policy)
         self._reference: list[np.ndarray] | None = None
-        self._tally = _Tally()
+        self._tally = Tally()
         self._stop_reason: str | None = None
         self._outbox: list[tuple[str, dict[str, Any]]] = []
 
@@ -338,7 +220,6 @@ class Master:
         """
         with self._lock:
             tally = self._tally
-            histogram = dict(sorted(tally.staleness.items()))
             return {
                 "policy": self._policy.name,
                 "version": self._version,
@@ -354,12 +235,7 @@ class Master:
                 "live_workers": sorted(self._live),
                 "peak_workers": tally.peak_workers,
                 "per_worker": {name: dict(counts) for name, counts in tally.per_worker.items()},
-                "staleness": {
-                    "histogram": histogram,
-                    "median": percentile(histogram, 0.5),
-                    "p95": percentile(histogram, 0.95),
-                    "max": max(histogram, default=None),
-                },
+                "staleness": tally.staleness_summary(),
                 "last_loss": tally.last_loss,
                 "stop_reason": self._stop_reason,
             }
@@ -381,7 +257,7 @@ class Master:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resumes from :meth:`state_dict`; queued and held gradients are discarded."""
         with self._lock:
-            self._tally = _Tally.from_state(state)
+            self._tally = Tally.from_state(state)
             self._version = int(state["version"])
             self._sequence = int(state["sequence"])
             reference = state.get("reference")

@@ -17,14 +17,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Callable, Collection, Iterator, Mapping, Sequence
+from typing import Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from tensorflow_elastic.ps.config import PSConfig
-
-if TYPE_CHECKING:
-    from tensorflow_elastic.ps.master import Gradient
+from tensorflow_elastic.ps.gradient import Gradient
 
 
 class Policy:

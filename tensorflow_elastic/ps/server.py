@@ -23,8 +23,9 @@ from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig
-from tensorflow_elastic.ps.memory import keep_large_buffers
+from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
+from tensorflow_elastic.ps.memory import keep_large_buffers
 from tensorflow_elastic.ps.parameters import Parameters
 from tensorflow_elastic.ps.registry import WorkerRegistry
 from tensorflow_elastic.ps.service import ParameterServerService
@@ -52,7 +53,7 @@ class ParameterServer:
     """
 
     def __init__(self, variables: Sequence[Any], optimizer: Any, config: PSConfig | None = None,
-                 *, host: str = "127.0.0.1", port: int = 0, job_id: str = "default",
+                 *, host: str = "127.0.0.1", port: int = 0, run_id: str = "default",
                  checkpoint_dir: str | None = None, checkpoint_every: int = 100,
                  lease_timeout: float = 10.0, idle_timeout: float = 300.0,
                  events_file: str | None = None, step_events_every: int = 10,
@@ -64,7 +65,7 @@ class ParameterServer:
                             ("step_events_every", step_events_every)):
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        self.job_id = job_id
+        self.run_id = run_id
         self.parameters = Parameters(variables, optimizer)
         self.registry = WorkerRegistry(lease_timeout)
         self.master = Master(config, self._apply, on_event=self._on_master_event)
@@ -113,7 +114,7 @@ class ParameterServer:
         self._server = server
         self._thread = threading.Thread(target=self._loop, name="ps-master", daemon=True)
         self._thread.start()
-        logger.info("parameter server for job %r listening on %s", self.job_id, self.address)
+        logger.info("parameter server for run %r listening on %s", self.run_id, self.address)
         return self
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -138,15 +139,36 @@ class ParameterServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    @property
+    def policy(self) -> str:
+        return self.master.config.policy
+
+    @property
+    def lease_seconds(self) -> float:
+        return self.registry.lease_timeout
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.master.stop_reason
+
     # ------------------------------------------------------------------- workers
 
     def add_worker(self, worker_id: str) -> str:
         worker_id, is_new = self.registry.register(worker_id)
         if is_new:
             self.master.add_worker(worker_id)
-            self._events.record(events.NODE_JOINED, node=_node(worker_id),
-                                generation=self.parameters.version, role="worker")
+            self._record(events.NODE_JOINED, node=_node(worker_id), role="worker")
         return worker_id
+
+    def renew_lease(self, worker_id: str) -> bool:
+        """False for a worker the PS does not know (it must register again)."""
+        return self.registry.touch(worker_id)
+
+    def live_workers(self) -> list[str]:
+        return self.registry.live()
+
+    def submit(self, gradient: Gradient) -> None:
+        self.master.submit(gradient)
 
     def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None:
         """A worker's own goodbye: its work is done (``finished``) or it was preempted.
@@ -156,8 +178,7 @@ class ParameterServer:
         """
         if self.registry.remove(worker_id, finished=finished):
             self.master.remove_worker(worker_id, finished=True)
-            self._events.record(events.NODE_LEFT, node=_node(worker_id),
-                                generation=self.parameters.version, reason=reason)
+            self._record(events.NODE_LEFT, node=_node(worker_id), reason=reason)
 
     # --------------------------------------------------------------- master loop
 
@@ -171,9 +192,8 @@ class ParameterServer:
                     self._save_checkpoint()
                 for worker_id in self.registry.expired():
                     self.master.remove_worker(worker_id, finished=False)
-                    self._events.record(events.FAILURE_DETECTED, node=_node(worker_id),
-                                        generation=self.parameters.version,
-                                        failed=[_node(worker_id)], cause="lease expired")
+                    self._record(events.FAILURE_DETECTED, node=_node(worker_id),
+                                 failed=[_node(worker_id)], cause="lease expired")
                 if self.master.should_stop() and not self.stopping.is_set():
                     self._begin_stop(self.master.stop_reason or "stop")
                 live = self.registry.live()
@@ -188,10 +208,8 @@ class ParameterServer:
                         f"{self.address}, or raise idle_timeout")
             self._save_checkpoint()
             if not self._shutdown.is_set():
-                self._events.record(events.JOB_COMPLETE, node=None,
-                                    generation=self.parameters.version,
-                                    version=self.parameters.version,
-                                    reason=self.master.stop_reason or "workers finished")
+                self._record(events.JOB_COMPLETE,
+                             reason=self.master.stop_reason or "workers finished")
         except BaseException as e:  # the caller of wait() gets it
             self.error = e
             logger.error("parameter server failed: %s", e)
@@ -211,8 +229,8 @@ class ParameterServer:
         if self._on_update is not None:
             self._on_update(version)
         if version % self._step_events_every == 0:
-            self._events.record(events.STEP, node=None, generation=version, step=version,
-                                loss=self.master.stats().get("last_loss"))
+            self._record(events.STEP, version=version, step=version,
+                         loss=self.master.stats().get("last_loss"))
 
     # --------------------------------------------------------------- checkpoints
 
@@ -224,7 +242,7 @@ class ParameterServer:
         state = self.master.state_dict()
         state["next_worker_id"] = self.registry.next_id
         path = self._checkpointer.save(version, state)
-        self._events.record(CHECKPOINT_SAVED, node=None, generation=version, path=path)
+        self._record(CHECKPOINT_SAVED, version=version, path=path)
 
     def _restore(self) -> None:
         if self._checkpointer is None:
@@ -237,8 +255,8 @@ class ParameterServer:
         self.master.load_state_dict(state)
         self.parameters.set_version(version)
         self.restored_version = self._saved_version = version
-        self._events.record(events.STATE_RESTORED, node=None, generation=version, step=version,
-                            lost_steps=None, source_checkpoint=self._checkpointer.directory)
+        self._record(events.STATE_RESTORED, version=version, step=version, lost_steps=None,
+                     source_checkpoint=self._checkpointer.directory)
         logger.info("resumed from checkpoint at version %d", version)
 
     # -------------------------------------------------------------------- status
@@ -250,13 +268,21 @@ class ParameterServer:
         stats["workers"] = self.registry.live()
         return stats
 
-    def config_dict(self) -> dict[str, Any]:
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        """Changes settings while training runs; returns those in force (ValueError: refused)."""
+        self.master.update_config(**changes)
         return dataclasses.asdict(self.master.config)
 
     def _on_master_event(self, name: str, **fields: Any) -> None:
         if name in (WORKER_ADDED, WORKER_REMOVED):
             return  # recorded as node_joined / node_left, the names every part uses
-        self._events.record(name, node=None, generation=self.parameters.version, **fields)
+        self._record(name, **fields)
+
+    def _record(self, event: str, node: int | str | None = None, **fields: Any) -> None:
+        """Records a PS event under the parameter version (``generation`` is the membership's
+        elsewhere; a PS has none)."""
+        fields.setdefault("version", self.parameters.version)
+        self._events.record(event, node=node, **fields)
 
 
 def _node(worker_id: str) -> int | str:

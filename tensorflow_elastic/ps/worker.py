@@ -18,10 +18,10 @@ import numpy as np
 import tensorflow as tf
 
 from tensorflow_elastic.ps import tensors
-from tensorflow_elastic.ps.client import PSClient, PSError
+from tensorflow_elastic.ps.client import PSClient
 from tensorflow_elastic.ps.config import SYNCH
+from tensorflow_elastic.ps.errors import FUTURE_VERSION, PSError
 from tensorflow_elastic.ps.parameters import variable_specs
-from tensorflow_elastic.ps.reasons import FUTURE_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +46,11 @@ class PSWorker:
     """
 
     def __init__(self, address: str, variables: Sequence[Any], gradient_fn: GradientFn, *,
-                 job_id: str = "default", reconnect_timeout: float = 120.0,
+                 run_id: str = "default", reconnect_timeout: float = 120.0,
                  progress_timeout: float = 600.0):
         self.variables = list(variables)
         self.gradient_fn = gradient_fn
-        self.client = PSClient(address, job_id, reconnect_timeout=reconnect_timeout)
+        self.client = PSClient(address, run_id, reconnect_timeout=reconnect_timeout)
         self.progress_timeout = progress_timeout
         self._stop_requested = threading.Event()
         self._heartbeats_done = threading.Event()
@@ -110,7 +110,7 @@ class PSWorker:
                     pushed = self.client.push(version, arrays, samples=_samples(batch),
                                               loss=last_loss)
                 except PSError as e:
-                    if not e.message.startswith(FUTURE_VERSION):
+                    if e.reason != FUTURE_VERSION:
                         raise
                     # The PS restarted from a checkpoint older than our parameters: this
                     # gradient is lost; start again from the PS's version.

@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator
 
 import grpc
 
+from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import auth
-from tensorflow_elastic.rendezvous.errors import (
-    REASON_METADATA_KEY, RendezvousError, error_from_status)
+from tensorflow_elastic.rendezvous.errors import RendezvousError
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, RunStatus)
 
@@ -31,7 +31,6 @@ logger = logging.getLogger(__name__)
 # Extra time the transport deadline gets over a server-side wait, so the
 # server's explanation (who is missing) arrives before the transport gives up.
 _DEADLINE_MARGIN_S = 5.0
-_BACKOFF_START_S = 0.05
 _BACKOFF_MAX_S = 2.0
 
 # Watch streams end with these when the orchestrator restarts or sheds streams.
@@ -169,10 +168,10 @@ class Client:
                         return
             except grpc.RpcError as e:
                 if not self._closed and e.code() not in _RESUBSCRIBE:
-                    raise _error(e) from None
+                    raise rpc.rebuild_error(e, RendezvousError) from None
             finally:
                 stream.cancel()
-            time.sleep(_BACKOFF_START_S)
+            time.sleep(rpc.FIRST_BACKOFF_S)
 
     def report_failure(self, peers: list[int], reason: str = "") -> tuple[list[int], list[int]]:
         """Reports unreachable peers; returns (confirmed failed and removed, still alive)."""
@@ -247,19 +246,19 @@ class Client:
         give_up = time.monotonic() + self.retry_timeout
         if deadline is not None:
             give_up = max(give_up, deadline)
-        backoff = _BACKOFF_START_S
-        while True:
+
+        def attempt() -> Any:
             if deadline is not None:
                 attempt_timeout = _remaining(deadline) + _DEADLINE_MARGIN_S
             else:
                 attempt_timeout = self.call_timeout if timeout == -1.0 else timeout
-            try:
-                return method(request(), timeout=attempt_timeout, metadata=self._metadata)
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() + backoff > give_up:
-                    raise _error(e) from None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX_S)
+            return method(request(), timeout=attempt_timeout, metadata=self._metadata)
+
+        try:
+            return rpc.call_with_retry(attempt, (grpc.StatusCode.UNAVAILABLE,), give_up,
+                                       _BACKOFF_MAX_S)
+        except grpc.RpcError as e:
+            raise rpc.rebuild_error(e, RendezvousError) from None
 
 
 class _Heartbeats:
@@ -313,11 +312,6 @@ def _first(stream: Any) -> Any:
 
 def _remaining(deadline: float) -> float:
     return max(0.001, deadline - time.monotonic())
-
-
-def _error(e: grpc.RpcError) -> RendezvousError:
-    reason = dict(e.trailing_metadata() or ()).get(REASON_METADATA_KEY)
-    return error_from_status(e.code(), e.details() or str(e.code()), reason)
 
 
 def _run_status(s: pb.RunStatus) -> RunStatus:

@@ -1,17 +1,18 @@
 """Errors of the membership service, shared by the server and the client.
 
 The server raises a :class:`RendezvousError` with a gRPC status code, a short
-machine-readable ``reason`` and a message that says what to do. The reason
-travels in the trailing metadata key ``tfe-reason`` so that the client can
-raise the same subclass again (a worker must tell "the generation changed,
-re-join" from "the run failed, give up" without parsing messages).
+machine-readable ``reason`` and a message that says what to do; it reaches
+the client as the same subclass (:mod:`tensorflow_elastic.rpc`), so a worker
+tells "the generation changed, re-join" from "the run failed, give up"
+without parsing messages.
 """
 
 from __future__ import annotations
 
 import grpc
 
-REASON_METADATA_KEY = "tfe-reason"
+from tensorflow_elastic.rpc import ServiceError
+from tensorflow_elastic.rpc import REASON_METADATA_KEY  # noqa: F401 - service.py imports it here
 
 BAD_REQUEST = "bad_request"
 RUN_MISMATCH = "run_mismatch"
@@ -25,18 +26,19 @@ TIMEOUT = "timeout"
 BLOCKLISTED = "blocklisted"
 
 
-class RendezvousError(Exception):
+class RendezvousError(ServiceError):
     """A call the orchestrator refused or could not complete."""
 
-    default_code = grpc.StatusCode.FAILED_PRECONDITION
     default_reason = BAD_REQUEST
 
-    def __init__(self, message: str, code: grpc.StatusCode | None = None,
-                 reason: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.code = code or self.default_code
-        self.reason = reason or self.default_reason
+    @classmethod
+    def from_status(cls, code: grpc.StatusCode, message: str,
+                    reason: str | None) -> "RendezvousError":
+        if reason is None:
+            return RendezvousError(message, code=code, reason="")
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            return InvalidArgumentError(message, reason=reason)
+        return _BY_REASON.get(reason, RendezvousError)(message, code=code, reason=reason)
 
 
 class InvalidArgumentError(RendezvousError):
@@ -83,12 +85,3 @@ _BY_REASON: dict[str, type[RendezvousError]] = {
     TIMEOUT: RendezvousTimeoutError,
     BLOCKLISTED: BlocklistedError,
 }
-
-
-def error_from_status(code: grpc.StatusCode, message: str, reason: str | None) -> RendezvousError:
-    """Rebuilds on the client the error the server raised."""
-    if reason is None:
-        return RendezvousError(message, code=code, reason="")
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return InvalidArgumentError(message, reason=reason)
-    return _BY_REASON.get(reason, RendezvousError)(message, code=code, reason=reason)

@@ -80,7 +80,7 @@ def test_workers_come_and_go_and_the_ps_survives_sigkill(start, port, tmp_path):
     os.kill(ps_pid, signal.SIGKILL)
     ps.wait_for(r"restart 1 of 2")
     restored = _wait_for_event(events_file, events.STATE_RESTORED)
-    assert restored["step"] >= checkpoint["generation"] > 0
+    assert restored["step"] >= checkpoint["version"] > 0
 
     assert ps.wait(180) == 0, ps.tail()
     assert newcomer.wait(60) == 0, newcomer.tail()

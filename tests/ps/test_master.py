@@ -9,7 +9,9 @@ import pytest
 
 from tensorflow_elastic.ps import master as master_lib
 from tensorflow_elastic.ps.config import PSConfig
-from tensorflow_elastic.ps.master import ARRAY_KEYS, Gradient, Master, Rejected, aggregate
+from tensorflow_elastic.ps.gradient import Gradient
+from tensorflow_elastic.ps.master import ARRAY_KEYS, Master
+from tensorflow_elastic.ps.stats import Rejected
 
 TIMEOUT_S = 5.0
 
@@ -82,22 +84,6 @@ def test_replace_returns_a_validated_copy():
 def test_master_refuses_invalid_settings():
     with pytest.raises(ValueError, match="unknown policy"):
         Master(PSConfig(policy="nope"), lambda arrays, version: None)
-
-
-# --------------------------------------------------------------- aggregation
-
-
-def test_aggregate_is_the_mean_or_the_weighted_mean_in_the_gradients_dtype():
-    block = [Gradient("a", 0, [np.array([1.0, 2.0], np.float32), np.array(4.0, np.float32)]),
-             Gradient("b", 0, [np.array([3.0, 6.0], np.float32), np.array(0.0, np.float32)])]
-    mean = aggregate(block)
-    np.testing.assert_allclose(mean[0], [2.0, 4.0])
-    np.testing.assert_allclose(mean[1], 2.0)
-    assert [a.dtype for a in mean] == [np.float32, np.float32]
-    weighted = aggregate(block, np.array([0.25, 0.75]))
-    np.testing.assert_allclose(weighted[0], [2.5, 5.0])
-    assert weighted[0].dtype == np.float32
-    assert aggregate(block[:1])[0] is block[0].arrays[0]  # a block of one is not copied
 
 
 # ----------------------------------------------------------------- accepting
@@ -527,11 +513,3 @@ def test_gradients_from_many_threads_are_all_accepted_once():
     assert sorted(v for _, v in h.updates) == list(range(1, 401))
     assert max(max(stats["staleness"]["histogram"]), 0) == stats["staleness"]["max"]
     assert stats["staleness"]["median"] <= stats["staleness"]["p95"] <= stats["staleness"]["max"]
-
-
-def test_staleness_percentiles_are_nearest_rank():
-    assert master_lib.percentile({}, 0.5) is None
-    histogram = {0: 5, 1: 3, 4: 2}
-    assert master_lib.percentile(histogram, 0.5) == 0
-    assert master_lib.percentile(histogram, 0.6) == 1
-    assert master_lib.percentile(histogram, 0.95) == 4

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tensorflow_elastic.ps.config import POLICIES, PSConfig
-from tensorflow_elastic.ps.master import Gradient
+from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.policies import make_policy
 
 

@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from tensorflow_elastic import events
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps import tensors
 from tensorflow_elastic.ps.checkpoint import Checkpointer, CheckpointError
-from tensorflow_elastic.ps.client import PSClient, PSError
+from tensorflow_elastic.ps.client import PSClient
 from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.errors import PSError
 from tensorflow_elastic.ps.server import ParameterServer
 from tensorflow_elastic.ps.worker import PSWorker
 
@@ -129,7 +132,7 @@ def bad_call(client: PSClient, call, *args, **kwargs) -> PSError:
 def test_bad_requests_get_clear_errors_are_counted_and_change_nothing(server_factory):
     server = server_factory()
     good = [np.ones((4, 2), np.float32), np.ones(2, np.float32)]
-    with PSClient(server.address) as client, PSClient(server.address, job_id="other") as wrong:
+    with PSClient(server.address) as client, PSClient(server.address, run_id="other") as wrong:
         client.register()
         error = bad_call(wrong, wrong.register)
         assert error.code == grpc.StatusCode.FAILED_PRECONDITION and "'default'" in error.message
@@ -140,21 +143,21 @@ def test_bad_requests_get_clear_errors_are_counted_and_change_nothing(server_fac
         error = bad_call(client, client.push, 0, good[:1])
         assert "expected 2 gradients" in error.message
         error = bad_call(client, client.push, 5, good)
-        assert "future_version" in error.message and "version 5" in error.message
+        assert error.reason == "future_version" and "version 5" in error.message
         stranger = PSClient(server.address)
         stranger.worker_id = "99"
         error = bad_call(stranger, stranger._call, stranger._stub.Push,
-                         pb.PushRequest(job_id="default", worker_id="99", version=0),
+                         pb.PushRequest(run_id="default", worker_id="99", version=0),
                          reregister=False)
         assert error.code == grpc.StatusCode.NOT_FOUND and "register" in error.message
         stranger.close()
-        malformed = pb.PushRequest(job_id="default", worker_id=client.worker_id, version=0,
+        malformed = pb.PushRequest(run_id="default", worker_id=client.worker_id, version=0,
                                    gradients=[pb.RawTensor(dtype="float32", shape=[4, 2],
                                                            data=b"123")] * 2)
         error = bad_call(client, client._call, client._stub.Push, malformed)
-        assert "malformed" in error.message
+        assert error.reason == "malformed"
         stats = json.loads(client.status().stats_json)
-        assert stats["bad_requests"] == {"wrong_job": 1, "wrong_shape": 3, "future_version": 1,
+        assert stats["bad_requests"] == {"wrong_run": 1, "wrong_shape": 3, "future_version": 1,
                                          "unknown_worker": 1, "malformed": 1}
         assert server.parameters.version == 0
         client.push(0, good)  # the server is still up and still takes good gradients
@@ -168,7 +171,7 @@ def test_settings_change_while_running_and_bad_settings_are_refused(server_facto
         assert config["synch_block_size"] == 2 and config["asynch_max"] == 4
         assert server.master.config.synch_block_size == 2
         error = bad_call(client, client.configure, synch_block_size=8, asynch_max=2)
-        assert error.code == grpc.StatusCode.INVALID_ARGUMENT and "bad_config" in error.message
+        assert error.code == grpc.StatusCode.INVALID_ARGUMENT and error.reason == "bad_config"
         assert server.master.config.synch_block_size == 2
 
 
@@ -269,7 +272,7 @@ def test_tfelastic_ps_status_and_ps_configure(server_factory, capsys):
         assert server.master.config.synch_block_size == 2
         assert cli.main(["ps-configure", "--ps_address", server.address]) == 2
         assert cli.main(["ps-status", "--ps_address", server.address, "--run_id", "x"]) == 1
-        assert "wrong_job" in capsys.readouterr().err
+        assert "wrong_run" in capsys.readouterr().err
 
 
 def test_a_preempted_worker_pushes_its_gradient_in_flight_then_leaves(server_factory):
@@ -291,3 +294,23 @@ def test_a_preempted_worker_pushes_its_gradient_in_flight_then_leaves(server_fac
     stats = server.stats()
     assert stats["accepted"] == result.iterations >= 3  # every pushed gradient counts
     assert stats["workers"] == [] and not server.stopping.is_set()  # the job goes on
+
+
+def test_ps_events_carry_the_parameter_version_and_no_membership_generation(server_factory,
+                                                                            tmp_path):
+    events_file = str(tmp_path / "events.jsonl")
+    server = server_factory(events_file=events_file, step_events_every=1)
+    with PSClient(server.address) as client:
+        client.register()
+        client.push(0, [np.ones((4, 2), np.float32), np.ones(2, np.float32)], loss=0.5)
+        client.pull(have_version=0, min_version=1, wait_seconds=10)
+        client.leave(finished=False, reason="preempted")
+    deadline = time.monotonic() + TIMEOUT_S
+    recorded = {}
+    while events.STEP not in recorded and time.monotonic() < deadline:  # recorded after the apply
+        time.sleep(0.01)
+        recorded = {e["event"]: e for e in events.read_events(events_file)}
+    assert recorded[events.NODE_JOINED]["version"] == 0
+    assert recorded[events.STEP]["version"] == recorded[events.STEP]["step"] == 1
+    assert recorded[events.NODE_LEFT]["version"] == 1
+    assert all(e["generation"] is None for e in recorded.values())

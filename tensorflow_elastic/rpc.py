@@ -1,0 +1,78 @@
+"""gRPC conventions shared by the orchestrator and the parameter server, client and service.
+
+A service refuses a call with a :class:`ServiceError`: a status code, a short
+machine-readable ``reason`` and a message that says what to do. The reason
+travels in the trailing metadata key ``tfe-reason`` so that the client can
+raise the same error class again: callers branch on the class or the reason,
+never on the message. Clients call through :func:`call_with_retry`, so a
+server that restarts is a pause, not an error.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Collection, NoReturn, TypeVar
+
+import grpc
+
+REASON_METADATA_KEY = "tfe-reason"
+FIRST_BACKOFF_S = 0.05
+
+T = TypeVar("T")
+E = TypeVar("E", bound="ServiceError")
+
+
+class ServiceError(Exception):
+    """A call a service refused or could not complete; each service has its own subclasses."""
+
+    default_code = grpc.StatusCode.FAILED_PRECONDITION
+    default_reason = ""
+
+    def __init__(self, message: str, code: grpc.StatusCode | None = None,
+                 reason: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.default_code
+        self.reason = reason or self.default_reason
+
+    @classmethod
+    def from_status(cls: type[E], code: grpc.StatusCode, message: str, reason: str | None) -> E:
+        """The error a client raises for a failed call (``reason`` None: the server sent none).
+
+        A service with a class per reason overrides this to pick the class.
+        """
+        return cls(message, code=code, reason=reason)
+
+
+def reason_metadata(error: ServiceError) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that carries ``error``'s reason to the client."""
+    return ((REASON_METADATA_KEY, error.reason),)
+
+
+def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
+    """Ends the call of a thread-pool servicer with ``error`` (an asyncio servicer passes
+    :func:`reason_metadata` to its ``context.abort`` instead)."""
+    context.set_trailing_metadata(reason_metadata(error))
+    context.abort(error.code, error.message)
+
+
+def rebuild_error(e: grpc.RpcError, family: type[E]) -> E:
+    """The ``family`` error for a failed call, of the class the service raised."""
+    reason = dict(e.trailing_metadata() or ()).get(REASON_METADATA_KEY)
+    return family.from_status(e.code(), e.details() or str(e.code()), reason)
+
+
+def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCode],
+                    give_up_at: float, max_backoff: float) -> T:
+    """``attempt()``, again while it fails with a code in ``retry_on`` and the next try can
+    start by ``give_up_at`` (monotonic); the pause doubles from :data:`FIRST_BACKOFF_S` up to
+    ``max_backoff``. Raises the ``grpc.RpcError`` of the last attempt."""
+    backoff = FIRST_BACKOFF_S
+    while True:
+        try:
+            return attempt()
+        except grpc.RpcError as e:
+            if e.code() not in retry_on or time.monotonic() + backoff > give_up_at:
+                raise
+        time.sleep(backoff)
+        backoff = min(backoff * 2, max_backoff)
