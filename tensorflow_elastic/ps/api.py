@@ -8,13 +8,12 @@ same script then builds its model and calls :func:`run`, which serves it
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Any, Callable, Iterable, Sequence
 
 import tensorflow as tf
 
-from tensorflow_elastic import environment
+from tensorflow_elastic import environment, net
 from tensorflow_elastic.ps.config import PSConfig
 from tensorflow_elastic.ps.roles import PS, WORKER
 from tensorflow_elastic.ps.server import ParameterServer
@@ -69,23 +68,24 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
     are ignored by workers and ``reconnect_timeout`` by the PS, so one call
     serves both roles.
     """
-    role = role or os.environ.get(ROLE_ENV)
-    address = address or os.environ.get(ADDRESS_ENV)
-    run_id = run_id or os.environ.get(JOB_ENV) or "default"
+    role = role or environment.text(environment.PS_ROLE)
+    address = address or environment.text(environment.PS_ADDRESS)
+    run_id = run_id or environment.text(environment.RUN_ID, "default")
     if role not in (PS, WORKER):
-        raise ValueError(f"role must be {PS!r} or {WORKER!r} (argument or ${environment.PS_ROLE}), got "
-                         f"{role!r}; start the script with tfelastic-run --role ps|worker")
+        raise ValueError(f"role must be {PS!r} or {WORKER!r} (argument or "
+                         f"${environment.PS_ROLE}), got {role!r}; start the script with "
+                         f"tfelastic-run --role ps|worker")
     if not address:
-        raise ValueError(f"no parameter server address: pass address= or set ${environment.PS_ADDRESS} "
-                         f"(tfelastic-run --ps_address HOST:PORT)")
+        raise ValueError(f"no parameter server address: pass address= or set "
+                         f"${environment.PS_ADDRESS} (tfelastic-run --ps_address HOST:PORT)")
     variables, gradient_fn = _resolve(model, loss_fn, variables, gradient_fn)
     if role == PS:
         if optimizer is None:
             raise ValueError("the parameter server needs the optimizer that applies gradients")
-        host, _, port = address.rpartition(":")
-        server = ParameterServer(variables, optimizer, config, host=host, port=int(port),
+        host, port = net.parse_address(address, allow_port_zero=True)
+        server = ParameterServer(variables, optimizer, config, host=host, port=port,
                                  run_id=run_id,
-                                 checkpoint_dir=checkpoint_dir or os.environ.get(CHECKPOINT_DIR_ENV),
+                                 checkpoint_dir=checkpoint_dir or environment.text(environment.PS_CHECKPOINT_DIR),
                                  checkpoint_every=checkpoint_every, lease_timeout=lease_timeout,
                                  idle_timeout=idle_timeout)
         server.start()

@@ -194,13 +194,6 @@ class Master:
         self._deliver()
         return updates
 
-    def run(self, stop: threading.Event, poll: float = 0.05) -> None:
-        """Runs :meth:`run_once` until ``stop`` is set or the master decided to stop."""
-        while not stop.is_set():
-            self.run_once(poll)
-            if self.should_stop():
-                return
-
     def should_stop(self) -> bool:
         """True once the async iteration total is reached or the loss has plateaued."""
         with self._lock:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import grpc
 
 from tensorflow_elastic.rpc import ServiceError
-from tensorflow_elastic.rpc import REASON_METADATA_KEY  # noqa: F401 - service.py imports it here
 
 BAD_REQUEST = "bad_request"
 RUN_MISMATCH = "run_mismatch"

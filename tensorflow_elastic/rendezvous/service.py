@@ -18,11 +18,12 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from tensorflow_elastic.observability.events import EventLog
+from tensorflow_elastic import rpc
 from tensorflow_elastic.net import parse_address
+from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
-    REASON_METADATA_KEY, UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
+    UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import Run, check_last_generation
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
@@ -60,7 +61,7 @@ def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]
 
 async def _abort(context: grpc.aio.ServicerContext, error: RendezvousError) -> None:
     await context.abort(error.code, error.message,
-                        trailing_metadata=((REASON_METADATA_KEY, error.reason),))
+                        trailing_metadata=rpc.reason_metadata(error))
 
 
 class RendezvousService:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tensorflow_elastic import events
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps import tensors
 from tensorflow_elastic.ps.checkpoint import Checkpointer, CheckpointError
