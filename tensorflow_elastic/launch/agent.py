@@ -157,8 +157,8 @@ class LocalAgent:
                                     attempt=self._attempt)
 
     def _start(self, slot: int) -> None:
-        error_file = os.path.join(self._log_dir(), f"restart_{self.restarts}", f"worker_{slot}",
-                                  "error.json")
+        worker_dir = os.path.join(self._log_dir(), f"restart_{self.restarts}", f"worker_{slot}")
+        error_file = os.path.join(worker_dir, "error.json")
         if os.path.exists(error_file):
             os.remove(error_file)
         extra = self.elasticity.worker_env(slot)
@@ -171,7 +171,9 @@ class LocalAgent:
             worker = WorkerProcess(self.spec.command(), worker_env(extra), error_file,
                                    label=lambda slot=slot: self._label(slot),
                                    stdout=self._stdout, stderr=self._stderr,
-                                   pass_fds=[s.fileno() for s in inherited])
+                                   pass_fds=[s.fileno() for s in inherited],
+                                   log_file=os.path.join(worker_dir, "output.log"),
+                                   verbose=self.spec.verbose)
         finally:
             for held in inherited:
                 held.close()
@@ -223,7 +225,8 @@ class LocalAgent:
     def _record_failure(self, slot: int) -> WorkerFailure:
         worker = self._workers[slot]
         failure = WorkerFailure.collect(slot, self.elasticity.node_id(slot), worker.pid,
-                                        self._exit_codes[slot], worker.error_file, worker.tail())
+                                        self._exit_codes[slot], worker.error_file, worker.tail(),
+                                        worker.log_file)
         self.failures.append(failure)
         self._events.record(events.FAILURE_DETECTED, node=failure.node_id,
                             generation=self.elasticity.generation(),

@@ -89,6 +89,7 @@ class WorkerFailure:
     message: str = ""
     traceback: str = ""
     output_tail: list[str] = dataclasses.field(default_factory=list)
+    log_file: str | None = None
 
     @property
     def exit_reason(self) -> str:
@@ -108,10 +109,11 @@ class WorkerFailure:
 
     @classmethod
     def collect(cls, local_rank: int, node_id: int | None, pid: int, exit_code: int,
-                error_file: str, output_tail: list[str]) -> "WorkerFailure":
+                error_file: str, output_tail: list[str],
+                log_file: str | None = None) -> "WorkerFailure":
         """Reads the worker's error file if it wrote one; its output tail stands in otherwise."""
         failure = cls(local_rank, node_id, pid, exit_code, time.time(),
-                      output_tail=list(output_tail))
+                      output_tail=list(output_tail), log_file=log_file)
         try:
             with open(error_file, encoding="utf-8") as f:
                 data = json.load(f)
@@ -142,6 +144,8 @@ def root_cause_summary(failures: list[WorkerFailure], title: str) -> str:
     if tail:
         lines.append("  traceback:" if first.traceback else "  last output:")
         lines += [f"    {line}" for line in tail]
+    if first.log_file:
+        lines.append(f"  full output: {first.log_file}")
     if len(ordered) > 1:
         lines.append("Other failures:")
         lines += [f"  node {_node(f)} (local rank {f.local_rank}, pid {f.pid}): {f.cause}"

@@ -108,8 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     p.add_argument("--token_file", help=f"file with the orchestrator's shared token "
                    f"(default: ${environment.TOKEN} if set)")
-    p.add_argument("--log_dir", help="where workers' error files go (default: a new temporary "
-                   "directory)")
+    p.add_argument("--log_dir", help="where each worker's full output (output.log) and error file "
+                   "go (default: a new temporary directory)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show TensorFlow's own log lines on the console too (by default they go "
+                   "only to each worker's output.log: a recovery's aborted collectives log about "
+                   "30 of them per worker)")
     p.add_argument("--rdzv_timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for the orchestrator to answer before giving up "
                    "(default: %(default)s)")
@@ -300,11 +304,13 @@ def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
         monitor_interval=args.monitor_interval, mode=args.elastic_mode, token=token,
         events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
-        exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval)
+        exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval,
+        verbose=args.verbose)
     wake = threading.Event()
     elasticity, why = _elasticity(args, spec, PortAllocator(host, first_port), wake,
                                   hosts_orchestrator)
     print(f"[agent] {why}", file=sys.stderr, flush=True)
+    print(f"[agent] workers' full output: {spec.log_dir}", file=sys.stderr, flush=True)
     agent = LocalAgent(spec, elasticity, wake)
     _on_signals(agent.request_stop)
     result = agent.run()

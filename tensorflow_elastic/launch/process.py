@@ -1,9 +1,10 @@
-"""One worker process: started in its own session, its output prefixed, stopped by pid.
+"""One worker process: started in its own session, its output logged and prefixed, stopped by pid.
 
 Each worker gets a session of its own so that a Ctrl-C in the terminal reaches
 only the agent, which decides what the workers get (a forwarded SIGTERM: a
-graceful leave). Output is read line by line and written with a prefix that
-names the worker's node, so the interleaved logs of many workers stay
+graceful leave). Output is read line by line: all of it goes to the worker's
+log file, and what the console filter lets through is written with a prefix
+that names the worker's node, so the interleaved output of many workers stays
 readable; the last lines are kept for the failure summary.
 """
 
@@ -18,31 +19,43 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
+from tensorflow_elastic.launch.console import ConsoleFilter
+
 OUTPUT_TAIL_LINES = 40
 
 
 class WorkerProcess:
     """A started worker; ``label`` is called for every line so a node id learned later shows up.
 
-    ``error_file`` is where the worker writes its uncaught exception ('' for none).
+    ``error_file`` is where the worker writes its uncaught exception ('' for none);
+    ``log_file`` (if given) receives every line of its output.
     """
 
     def __init__(self, argv: list[str], env: dict[str, str], error_file: str,
                  label: Callable[[], str], stdout: TextIO | None = None,
-                 stderr: TextIO | None = None, pass_fds: Sequence[int] = ()):
+                 stderr: TextIO | None = None, pass_fds: Sequence[int] = (),
+                 log_file: str | None = None, verbose: bool = False):
         self.argv = argv
         self.error_file = error_file
+        self.log_file = log_file
         self.started_at = time.time()
         self._label = label
         self._lock = threading.Lock()
+        self._log = None
+        if log_file:
+            os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
+            self._log = open(log_file, "a", encoding="utf-8")
+        # The last lines the console showed, for the failure summary.
         self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True,
                                      pass_fds=tuple(pass_fds))
         self._pumps = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, stdout or sys.stdout),
+            threading.Thread(target=self._pump,
+                             args=(self.proc.stdout, stdout or sys.stdout, ConsoleFilter(verbose)),
                              name=f"tfe-out-{self.proc.pid}", daemon=True),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, stderr or sys.stderr),
+            threading.Thread(target=self._pump,
+                             args=(self.proc.stderr, stderr or sys.stderr, ConsoleFilter(verbose)),
                              name=f"tfe-err-{self.proc.pid}", daemon=True),
         ]
         for pump in self._pumps:
@@ -84,17 +97,27 @@ class WorkerProcess:
         code = self.proc.wait()
         for pump in self._pumps:
             pump.join(timeout)
+        with self._lock:
+            if self._log is not None and not any(p.is_alive() for p in self._pumps):
+                self._log.close()
+                self._log = None
         return code
 
     def tail(self) -> list[str]:
         with self._lock:
             return list(self.output_tail)
 
-    def _pump(self, stream, sink: TextIO) -> None:
+    def _pump(self, stream, sink: TextIO, console: ConsoleFilter) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            shown = console.shows(line)
             with self._lock:
-                self.output_tail.append(line)
-            sink.write(f"[{self._label()}] {line}\n")
-            sink.flush()
+                if shown:
+                    self.output_tail.append(line)
+                if self._log is not None:
+                    self._log.write(line + "\n")
+                    self._log.flush()
+            if shown:
+                sink.write(f"[{self._label()}] {line}\n")
+                sink.flush()
         stream.close()

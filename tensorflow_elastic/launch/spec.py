@@ -63,6 +63,7 @@ class WorkerSpec:
     join_timeout: float = 600.0
     exit_barrier_timeout: float = 300.0
     progress_interval: float = 30.0
+    verbose: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:

@@ -115,6 +115,22 @@ def _reserve(address: str | None) -> tuple[str, socket.socket]:
             f"to get one") from None
 
 
+def _show_own_messages() -> None:
+    """The package's warnings reach stderr as plain lines, whatever TensorFlow did to logging.
+
+    Importing TensorFlow may configure the root logger (prefixing every line with
+    its level and logger name); a worker's one line per membership change should
+    read the same everywhere. A handler the user set up is left alone.
+    """
+    package = logging.getLogger("tensorflow_elastic")
+    if not package.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        package.addHandler(handler)
+        package.setLevel(logging.WARNING)
+        package.propagate = False
+
+
 def init(endpoint: str | None = None, run_id: str | None = None, token: str | None = None,
          address: str | None = None, min_nodes: int | None = None,
          max_nodes: int | None = None) -> ElasticRuntime:
@@ -123,6 +139,7 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
     with _runtime_lock:
         if _runtime is not None:
             return _runtime
+        _show_own_messages()
         endpoint = endpoint or environment.text(environment.ENDPOINT)
         if not endpoint:
             raise ElasticJobFailed(

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
+import time
 from typing import Callable, TypeVar
 
 from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded, MembershipChanged
@@ -21,6 +23,39 @@ T = TypeVar("T")
 MAX_REFORMS_WITHOUT_PROGRESS = 5
 
 
+@dataclasses.dataclass
+class _Change:
+    """A membership change in progress, for the one line the new chief prints when it is over."""
+
+    started: float
+    members: frozenset[int]
+    cause: str = ""
+    lost_steps: int | None = None
+
+    @classmethod
+    def failure(cls, ongoing: "_Change | None", session, cause: str, lost_steps: int) -> "_Change":
+        """A failure, possibly during a change already under way (which keeps its start)."""
+        if ongoing is None:
+            return cls(time.monotonic(), frozenset(session.membership.members), cause, lost_steps)
+        return cls(ongoing.started, ongoing.members, cause, (ongoing.lost_steps or 0) + lost_steps)
+
+    def describe(self, session) -> str:
+        membership = session.membership
+        now = frozenset(membership.members)
+        parts = []
+        if self.members - now:
+            parts.append(f"node(s) {sorted(self.members - now)} "
+                         + (f"lost ({self.cause})" if self.cause else "left"))
+        if now - self.members:
+            parts.append(f"node(s) {sorted(now - self.members)} joined")
+        what = ", ".join(parts) or (f"re-formed after {self.cause}" if self.cause else "re-formed")
+        took = f"recovered in {time.monotonic() - self.started:.2f} s" if self.cause \
+            else f"paused {time.monotonic() - self.started:.2f} s"
+        lost = "" if self.lost_steps is None else f", {self.lost_steps} step(s) lost"
+        return (f"generation {membership.generation}: {what}; {membership.world_size} member(s); "
+                f"{took}{lost}")
+
+
 def run(func: Callable[..., T]) -> Callable[..., T]:
     """Decorates `func(state, ...)`: sync, call, and on a fault restore, re-form, retry."""
 
@@ -30,14 +65,21 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         session = rt.session
         session.enter_training()
         reforms_without_progress = 0
+        change: _Change | None = None
         while True:
             commits_before = state.commits
             in_step = False
             try:
                 state.sync()
+                if change is not None and session.node_id == session.membership.chief_id:
+                    # One line per change, from the new chief; TensorFlow's own lines about
+                    # the aborted collectives stay in the workers' log files.
+                    logger.warning("%s", change.describe(session))
+                change = None
                 in_step = True
                 result = func(state, *args, **kwargs)
             except MembershipChanged:
+                change = _Change(time.monotonic(), frozenset(session.membership.members))
                 session.finish_step_together()
                 if session.leave_requested:
                     session.leave("leave requested")
@@ -46,16 +88,18 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 if in_step:
                     raise
                 # A member was lost while the others gathered to sync: nothing ran yet.
-                logger.warning("generation %d ended during the state sync; re-forming",
-                               session.generation)
+                logger.info("generation %d ended during the state sync; re-forming",
+                            session.generation)
+                change = _Change.failure(change, session, "a member lost during the state sync", 0)
             except Exception as error:  # noqa: BLE001 - filtered just below
                 if not is_recoverable(error):
                     raise
                 session.check_job_alive()
-                logger.warning("collective failed (%s); re-forming", type(error).__name__)
-                rt.report_failure(error)
+                logger.info("collective failed (%s); re-forming", type(error).__name__)
                 # The steps finished since the last commit, plus the one in flight.
                 lost_steps = state.uncommitted_steps() + 1 if in_step else 0
+                change = _Change.failure(change, session, type(error).__name__, lost_steps)
+                rt.report_failure(error)
                 state.restore()
                 session.events.record(events.STATE_RESTORED, node=session.node_id,
                                       generation=session.generation, step=state.commits,

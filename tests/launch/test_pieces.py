@@ -1,13 +1,18 @@
-"""Unit tests of the agent's and the timeline's pieces (no processes)."""
+"""Unit tests of the agent's and the timeline's pieces (no cluster, no orchestrator)."""
 
+import io
 import json
+import os
 import socket
+import sys
 
 import pytest
 
+from tensorflow_elastic.launch.console import ConsoleFilter
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary, write_error_file
 from tensorflow_elastic.launch.hosts import Cooldown
 from tensorflow_elastic.launch.ports import PortAllocator
+from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.restart import tf_config
 from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
 from tensorflow_elastic.observability import StepReporter, events, plot, timeline
@@ -126,3 +131,53 @@ def test_held_addresses_take_the_first_port_when_free_then_any():
     assert other_address != address and other_held.getsockname()[1] != first
     held.close()
     other_held.close()
+
+
+# What one survivor printed around a recovery in a real demo run (examples/demo.py).
+_RECOVERY_OUTPUT = [
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "I0000 00:00:1795480192.775578   17905 port.cc:153] oneDNN custom operations are on.",
+    "step 100 loss 0.0322 world 3",
+    "E0000 00:00:1795480200.820397   18202 base_collective_executor.cc:252] "
+    "BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer",
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:0 while "
+    "calling /tensorflow.WorkerService/CompleteInstance:",
+    ':UNKNOWN:Error received from peer  {grpc_status:14, grpc_message:"recvmsg:Connection reset"}',
+    "2026-11-23 10:00:00.123456: W tensorflow/core/kernels/collective_ops.cc:12] Aborting",
+    "WARNING:absl:Enabling collective ops after program startup may cause error when accessing "
+    "previously created tensors.",
+    "generation 2: node(s) [0] lost (UnavailableError); 2 member(s); recovered in 0.09 s",
+    "step 150 loss 0.0217 world 2",
+    "F0000 00:00:1795480201.000000   18202 env.cc:10] Check failed: a fatal error",
+    "Traceback (most recent call last):",
+    '  File "train.py", line 3, in <module>',
+]
+
+
+def test_the_console_shows_the_workers_lines_and_hides_tensorflow_s_own():
+    console = ConsoleFilter()
+    shown = [line for line in _RECOVERY_OUTPUT if console.shows(line)]
+    assert shown == [
+        "step 100 loss 0.0322 world 3",
+        "generation 2: node(s) [0] lost (UnavailableError); 2 member(s); recovered in 0.09 s",
+        "step 150 loss 0.0217 world 2",
+        "F0000 00:00:1795480201.000000   18202 env.cc:10] Check failed: a fatal error",
+        "Traceback (most recent call last):",
+        '  File "train.py", line 3, in <module>',
+    ]
+
+
+def test_verbose_shows_every_line():
+    console = ConsoleFilter(verbose=True)
+    assert all(console.shows(line) for line in _RECOVERY_OUTPUT)
+
+
+def test_a_worker_s_whole_output_goes_to_its_log_file_and_the_console_gets_the_rest(tmp_path):
+    script = "import sys\n" + "".join(f"print({line!r})\n" for line in _RECOVERY_OUTPUT[:6])
+    console, log_file = io.StringIO(), tmp_path / "worker_0" / "output.log"
+    worker = WorkerProcess([sys.executable, "-c", script], dict(os.environ), "", lambda: "node 1",
+                           stdout=console, stderr=console, log_file=str(log_file))
+    assert worker.wait_output(timeout=30) == 0
+    assert log_file.read_text().splitlines() == _RECOVERY_OUTPUT[:6]
+    assert console.getvalue() == "[node 1] step 100 loss 0.0322 world 3\n"
+    assert worker.tail() == ["step 100 loss 0.0322 world 3"]

@@ -3,6 +3,7 @@ a killed worker coming back as a new node) and restart-based elasticity of a pla
 
 import json
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -17,6 +18,11 @@ pytestmark = pytest.mark.multiprocess
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUSTOM_LOOP = os.path.join(REPO_ROOT, "examples", "custom_loop.py")
 KERAS_FIT = os.path.join(REPO_ROOT, "examples", "keras_fit.py")
+
+
+def log_dir(output: str) -> str:
+    """The directory the launcher said holds its workers' full output."""
+    return re.search(r"\[agent\] workers' full output: (\S+)", output).group(1)
 
 
 def _steps(proc, node: int) -> list[dict]:
@@ -67,6 +73,14 @@ def test_killed_elastic_worker_comes_back_as_a_new_node_and_the_plot_shows_it(st
                                                          count=3)}
     assert len(done_nodes - first_nodes) == 1, "the restarted worker did not join as a new node"
     assert "killed by SIGKILL" in proc.output
+    # One line from the new chief per change; TensorFlow's abort messages only in the log files.
+    assert re.search(r"generation \d+: node\(s\) \[\d+\] lost \(\w+Error\); 2 member\(s\); "
+                     r"recovered in [\d.]+ s, [01] step\(s\) lost", proc.output), proc.output
+    assert re.search(r"generation \d+: node\(s\) \[\d+\] joined; 3 member\(s\); paused", proc.output)
+    assert "StartAbort" not in proc.output and "Restart your program" not in proc.output
+    assert "Enabling collective ops after program startup" not in proc.output
+    logs = "".join(p.read_text() for p in pathlib.Path(log_dir(proc.output)).rglob("output.log"))
+    assert "Enabling collective ops after program startup" in logs
     starts = list(events.read_events(str(events_file), events.GENERATION_START))
     sizes = [e["world_size"] for e in starts if e.get("source") == "orchestrator"]
     shrunk = sizes.index(2)  # the survivors went on without the victim
