@@ -24,7 +24,7 @@ from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.errors import RendezvousError
 from tensorflow_elastic.rendezvous.types import (
-    HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, RunStatus)
+    HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ class Client:
         """Renews liveness; says whether nodes wait to join or members were removed."""
         r = self._call(self._stub.Heartbeat, lambda: pb.HeartbeatRequest(
             run_id=self.run_id, node_id=self._id(), generation=self.generation))
-        return HeartbeatInfo(r.generation, pb.RunState.Name(r.state), r.waiting, r.removed,
+        return HeartbeatInfo(r.generation, Phase(pb.RunState.Name(r.state)), r.waiting, r.removed,
                              r.member, r.queued)
 
     def watch(self) -> Iterator[MembershipUpdate]:
@@ -161,11 +161,11 @@ class Client:
                 raise
             try:
                 for update in stream:
-                    state = pb.RunState.Name(update.state)
+                    state = Phase(pb.RunState.Name(update.state))
                     yield MembershipUpdate(membership_from_proto(None, update.membership), state,
                                            update.waiting, update.reason)
-                    if state == "FAILED":
-                        return
+                    if state.ended:
+                        return  # nothing more will change
             except grpc.RpcError as e:
                 if not self._closed and e.code() not in _RESUBSCRIBE:
                     raise rpc.rebuild_error(e, RendezvousError) from None
@@ -316,7 +316,7 @@ def _remaining(deadline: float) -> float:
 
 def _run_status(s: pb.RunStatus) -> RunStatus:
     return RunStatus(
-        s.run_id, s.min_nodes, s.max_nodes, pb.RunState.Name(s.state), s.reason,
+        s.run_id, s.min_nodes, s.max_nodes, Phase(pb.RunState.Name(s.state)), s.reason,
         membership_from_proto(None, s.membership),
         [NodeStatus(n.node_id, n.address, n.role, n.silent_s) for n in s.nodes],
         [{"time": h.time, "event": h.event, "generation": h.generation, "nodes": list(h.nodes),

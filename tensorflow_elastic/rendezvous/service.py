@@ -176,7 +176,7 @@ class RendezvousService:
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
         info = self._run(request.run_id).heartbeat(request.node_id, request.generation)
-        return pb.HeartbeatResponse(generation=info.generation, state=_wire_state(info.state),
+        return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
                                     waiting=info.waiting, removed=info.removed,
                                     member=info.member, queued=info.queued)
 
@@ -196,7 +196,7 @@ class RendezvousService:
         encoded = self._encode(run)
         if encoded.update is None:
             encoded.update = pb.MembershipUpdate(
-                membership=encoded.membership, state=_wire_state(update.state),
+                membership=encoded.membership, state=pb.RunState.Value(update.state),
                 waiting=update.waiting, reason=update.reason).SerializeToString()
         return encoded.update
 
@@ -253,7 +253,7 @@ class RendezvousService:
         s = run.status()
         return pb.RunStatus(
             run_id=s.run_id, min_nodes=s.min_nodes, max_nodes=s.max_nodes,
-            state=_wire_state(s.state), reason=s.reason,
+            state=pb.RunState.Value(s.state), reason=s.reason,
             membership=self._encode(run).membership,
             nodes=[pb.NodeStatus(node_id=n.node_id, address=n.address, role=n.role,
                                  silent_s=n.silent_s) for n in s.nodes],
@@ -269,13 +269,6 @@ class _Encoded:
     # The membership as field 2 of a JoinResponse; append it to the node id.
     join_tail: bytes
     update: bytes | None = None
-
-
-def _wire_state(phase: str) -> int:
-    """The protocol's RunState has no COMPLETED (yet): a completed run goes out as FORMING,
-    which is what it is to a client (no generation runs; a first join starts the next one),
-    and its reason says it completed."""
-    return pb.RunState.Value(Phase.FORMING if phase == Phase.COMPLETED else phase)
 
 
 def _serialize(reply: Any) -> bytes:

@@ -68,7 +68,7 @@ class HeartbeatInfo:
     """
 
     generation: int
-    state: str
+    state: Phase
     waiting: int
     removed: int
     member: bool
@@ -86,7 +86,7 @@ class MembershipUpdate:
     changed."""
 
     membership: Membership
-    state: str
+    state: Phase
     waiting: int
     reason: str
 
@@ -107,7 +107,7 @@ class RunStatus:
     run_id: str
     min_nodes: int
     max_nodes: int
-    state: str
+    state: Phase
     reason: str
     membership: Membership
     nodes: list[NodeStatus]

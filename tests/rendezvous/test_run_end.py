@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tensorflow_elastic.rendezvous import NodeRemovedError, RunFailedError
+from tensorflow_elastic.rendezvous import NodeRemovedError, Phase, RunFailedError
 
 pytestmark = pytest.mark.multiprocess
 
@@ -60,3 +60,12 @@ def test_a_failed_run_is_started_afresh_by_a_new_first_join(start_orchestrator, 
     # The failed job's nodes are not part of the new one.
     with pytest.raises(NodeRemovedError, match="run 'job' failed"):
         a.heartbeat()
+
+
+def test_the_completed_end_is_on_the_wire(start_orchestrator, nodes_for):
+    orchestrator = start_orchestrator()
+    nodes = nodes_for(orchestrator.endpoint, run_id="finished")
+    [(done, _)] = nodes.join(1, 1, 1, heartbeat=None)
+    done.leave("job complete")
+    [run] = nodes.client().status()
+    assert run.state == Phase.COMPLETED and run.state.ended
