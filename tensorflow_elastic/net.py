@@ -7,6 +7,7 @@ workers share one rule for what an address is.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
 
 # A port has at most 5 digits; a longer string is rejected before int() reads it.
@@ -33,6 +34,14 @@ def format_address(host: str, port: int) -> str:
 
 def _shorten(value: str, limit: int = 80) -> str:
     return value if len(value) <= limit else f"{value[:limit]}... ({len(value)} characters)"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _family(host: str) -> socket.AddressFamily:

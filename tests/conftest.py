@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -108,6 +109,19 @@ def start_orchestrator() -> Iterator[Callable[..., OrchestratorProcess]]:
     yield start
     for process in started:
         process.kill()
+
+
+@pytest.fixture
+def tls_files(tmp_path) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 and its key (PEM paths)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("needs the openssl command")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    return str(cert), str(key)
 
 
 @pytest.fixture

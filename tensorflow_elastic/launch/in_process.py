@@ -19,7 +19,7 @@ import time
 from tensorflow_elastic import environment
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.spec import WorkerSpec
-from tensorflow_elastic.rendezvous import Client, Phase
+from tensorflow_elastic.rendezvous import Phase
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN, RendezvousError
 
 logger = logging.getLogger(__name__)
@@ -44,8 +44,7 @@ class InProcessElasticity:
             address, self._held[slot] = ports.held_address()
             self._addresses.append(address)
         self._node_ids: dict[str, int] = {}
-        self._status_client = Client(spec.rdzv_endpoint, spec.run_id, spec.token,
-                                     retry_timeout=5.0)
+        self._status_client = spec.orchestrator_client(retry_timeout=5.0)
         self._generation = 0
         self._world_size = 0
 
@@ -87,6 +86,8 @@ class InProcessElasticity:
                environment.JOIN_TIMEOUT: str(self.spec.join_timeout)}
         if self.spec.token:
             env[environment.TOKEN] = self.spec.token
+        if self.spec.tls_ca:
+            env[environment.TLS_CA] = self.spec.tls_ca
         if slot in self._held:
             env[environment.ADDRESS_FD] = str(self._held[slot].fileno())
         return env

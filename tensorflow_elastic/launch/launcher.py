@@ -108,6 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: %(default)s)")
     p.add_argument("--token_file", help=f"file with the orchestrator's shared token "
                    f"(default: ${environment.TOKEN} if set)")
+    p.add_argument("--tls_ca", metavar="PEM",
+                   help="certificate to trust when the orchestrator uses TLS; the agent and its "
+                   f"workers connect with TLS (default: ${environment.TLS_CA} if set; with "
+                   "--standalone and --tls_cert, that certificate)")
+    p.add_argument("--tls_cert", metavar="PEM",
+                   help="with --standalone: the embedded orchestrator serves TLS with this "
+                   "certificate chain (needs --tls_key)")
+    p.add_argument("--tls_key", metavar="PEM", help="the private key of --tls_cert")
+    p.add_argument("--insecure", action="store_true",
+                   help="with --standalone: allow a non-loopback --rdzv_endpoint without a token")
     p.add_argument("--log_dir", help="where each worker's full output (output.log) and error file "
                    "go (default: a new temporary directory)")
     p.add_argument("--verbose", action="store_true",
@@ -170,8 +180,27 @@ def _check_role_args(args: argparse.Namespace) -> None:
         _die(f"--role {args.role} needs no orchestrator; drop --standalone / '{ORCHESTRATOR_ONLY}'")
 
 
+def _check_tls_args(args: argparse.Namespace) -> None:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        _die("--tls_cert and --tls_key go together")
+    if args.tls_cert and not args.standalone:
+        _die("--tls_cert/--tls_key are for the orchestrator --standalone embeds; to reach a "
+             "TLS orchestrator give --tls_ca")
+    if args.insecure and not args.standalone:
+        _die("--insecure is for the orchestrator --standalone embeds (tfelastic-orchestrator "
+             "has its own)")
+    args.tls_ca = args.tls_ca or environment.text(environment.TLS_CA) or args.tls_cert
+    for flag in ("tls_ca", "tls_cert", "tls_key"):
+        path = getattr(args, flag)
+        if path and not os.path.isfile(path):
+            _die(f"--{flag} {path}: no such file")
+        if path:
+            setattr(args, flag, os.path.abspath(path))
+
+
 def _check_args(args: argparse.Namespace) -> tuple[int, int]:
     _check_role_args(args)
+    _check_tls_args(args)
     if args.role != COLLECTIVE:
         args.nnodes = str(args.nproc_per_node)
     try:
@@ -208,8 +237,9 @@ def _parse_address(value: str) -> tuple[str, int]:
     return net.parse_address(value, allow_port_zero=True)
 
 
-def _check_reachable(endpoint: str, run_id: str, token: str | None, timeout: float) -> None:
-    with Client(endpoint, run_id, token, retry_timeout=timeout,
+def _check_reachable(endpoint: str, run_id: str, token: str | None, tls_ca: str | None,
+                     timeout: float) -> None:
+    with Client(endpoint, run_id, token, tls_ca=tls_ca, retry_timeout=timeout,
                 call_timeout=min(10.0, timeout)) as client:
         try:
             client.status()
@@ -222,9 +252,14 @@ def _check_reachable(endpoint: str, run_id: str, token: str | None, timeout: flo
                  f"--rdzv_endpoint", code=1)
 
 
-def _start_orchestrator(endpoint: str, token: str | None, events_file: str | None) -> Orchestrator:
+def _start_orchestrator(args: argparse.Namespace, endpoint: str, token: str | None,
+                        events_file: str | None) -> Orchestrator:
     host, port = net.parse_address(endpoint, allow_port_zero=True)
-    server = Orchestrator(host, port, token=token, events_file=events_file)
+    refusal = auth.exposure_error(host, token, args.insecure)
+    if refusal:
+        _die(f"--standalone: {refusal}")
+    server = Orchestrator(host, port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          events_file=events_file)
     try:
         server.start()
     except (OSError, RuntimeError, TimeoutError) as e:
@@ -256,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     endpoint = args.rdzv_endpoint or DEFAULT_ENDPOINT
     if args.standalone:
-        server = _start_orchestrator(args.rdzv_endpoint or "127.0.0.1:0", token, events_file)
+        server = _start_orchestrator(args, args.rdzv_endpoint or "127.0.0.1:0", token, events_file)
         endpoint = server.endpoint
     try:
         if args.script == ORCHESTRATOR_ONLY:
@@ -265,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             while not stop.wait(1.0) and server.running:
                 pass
             return 0
-        _check_reachable(endpoint, args.run_id, token, args.rdzv_timeout)
+        _check_reachable(endpoint, args.run_id, token, args.tls_ca, args.rdzv_timeout)
         return _run_agent(args, endpoint, token, events_file, min_nodes, max_nodes,
                           hosts_orchestrator=server is not None)
     finally:
@@ -302,6 +337,7 @@ def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=args.nproc_per_node, host=host,
         first_port=first_port, max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval, mode=args.elastic_mode, token=token,
+        tls_ca=args.tls_ca,
         events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval,

@@ -90,7 +90,7 @@ class RestartElasticity:
         """Heartbeat replies keep this mode's view current."""
 
     def _new_client(self) -> Client:
-        return Client(self.spec.rdzv_endpoint, self.spec.run_id, self.spec.token)
+        return self.spec.orchestrator_client()
 
     def _on_heartbeat(self, info: HeartbeatInfo) -> None:
         world = 0 if self.membership is None else self.membership.world_size

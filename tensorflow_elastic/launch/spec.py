@@ -9,6 +9,8 @@ import re
 import sys
 import tempfile
 
+from tensorflow_elastic.rendezvous.client import Client
+
 IN_PROCESS = "in_process"
 RESTART = "restart"
 AUTO = "auto"
@@ -57,6 +59,7 @@ class WorkerSpec:
     monitor_interval: float = 1.0
     mode: str = AUTO
     token: str | None = None
+    tls_ca: str | None = None
     events_file: str | None = None
     log_dir: str | None = None
     stop_timeout: float = 30.0
@@ -79,6 +82,10 @@ class WorkerSpec:
             raise ValueError(f"monitor_interval must be > 0, got {self.monitor_interval}")
         if self.mode not in (AUTO, IN_PROCESS, RESTART):
             raise ValueError(f"mode must be {AUTO}, {IN_PROCESS} or {RESTART}, got {self.mode!r}")
+
+    def orchestrator_client(self, **options) -> Client:
+        """A client of the job's orchestrator with this node's token and TLS trust."""
+        return Client(self.rdzv_endpoint, self.run_id, self.token, tls_ca=self.tls_ca, **options)
 
     @property
     def is_python(self) -> bool:

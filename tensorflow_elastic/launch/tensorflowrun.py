@@ -29,7 +29,7 @@ from tensorflow_elastic import environment, net
 from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
-from tensorflow_elastic.rendezvous import Client, Orchestrator, Phase, RendezvousError
+from tensorflow_elastic.rendezvous import Client, Orchestrator, Phase, RendezvousError, auth
 
 PROG = "tensorflowrun"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to serve the orchestrator; use an address the other hosts reach "
                    "(default: %(default)s, a free port, this machine only)")
     p.add_argument("--run_id", default="default", metavar="ID", help="the job's name")
+    p.add_argument("--token_file", metavar="FILE",
+                   help="the orchestrator's shared token (first line); agents get the same path, "
+                   f"so on several hosts keep it on a shared file system (default: "
+                   f"${environment.TOKEN} if set, passed to local agents only)")
+    p.add_argument("--tls_cert", metavar="PEM",
+                   help="serve the orchestrator with TLS (needs --tls_key); agents and workers "
+                   "trust this certificate (same path on every host)")
+    p.add_argument("--tls_key", metavar="PEM", help="the private key of --tls_cert")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --rdzv_endpoint without a token")
     p.add_argument("--events_file", metavar="PATH",
                    help=f"the job's events file (default: ${environment.EVENTS_FILE} if set)")
     p.add_argument("--max_restarts", type=int, default=3, metavar="N",
@@ -89,7 +99,8 @@ class HostAgent:
 class Supervisor:
     """Keeps one agent on every available host until the job completes or fails."""
 
-    def __init__(self, args: argparse.Namespace, endpoint: str, script: list[str]):
+    def __init__(self, args: argparse.Namespace, endpoint: str, script: list[str],
+                 token: str | None):
         self.args = args
         self.endpoint = endpoint
         self.script = script
@@ -98,7 +109,8 @@ class Supervisor:
         self._discovered: dict[str, int] = {}
         self._stop = threading.Event()
         self._signal: int | None = None
-        self._status = Client(endpoint, args.run_id, retry_timeout=5.0)
+        self._status = Client(endpoint, args.run_id, token, tls_ca=args.tls_cert,
+                              retry_timeout=5.0)
 
     def request_stop(self, signum: int) -> None:
         self._signal = signum
@@ -193,6 +205,10 @@ class Supervisor:
                   "--stop_timeout", str(args.stop_timeout), "--elastic_mode", args.elastic_mode]
         if args.events_file:
             launch += ["--events_file", args.events_file]
+        if args.token_file:
+            launch += ["--token_file", args.token_file]
+        if args.tls_cert:
+            launch += ["--tls_ca", args.tls_cert]
         if hosts_lib.is_local(host):
             return [sys.executable, *launch, *self.script]
         remote = f"cd {shlex.quote(os.getcwd())} && " + shlex.join(["python3", *launch, *self.script])
@@ -267,15 +283,25 @@ def main(argv: list[str] | None = None) -> int:
         args.events_file = os.path.abspath(events_file)
     try:
         host, port = net.parse_address(args.rdzv_endpoint, allow_port_zero=True)
-    except ValueError as e:
-        _die(f"--rdzv_endpoint: {e}")
-    server = Orchestrator(host, port, events_file=args.events_file)
+        token = auth.load_token(args.token_file)
+    except (OSError, ValueError) as e:
+        _die(str(e))
+    if (args.tls_cert is None) != (args.tls_key is None):
+        _die("--tls_cert and --tls_key go together")
+    for flag in ("token_file", "tls_cert", "tls_key"):
+        if getattr(args, flag):
+            setattr(args, flag, os.path.abspath(getattr(args, flag)))
+    refusal = auth.exposure_error(host, token, args.insecure)
+    if refusal:
+        _die(refusal)
+    server = Orchestrator(host, port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                          events_file=args.events_file)
     try:
         server.start()
     except (OSError, RuntimeError, TimeoutError) as e:
         _die(f"cannot serve the orchestrator at {args.rdzv_endpoint}: {e}")
     print(f"listening on {server.endpoint}", flush=True)
-    supervisor = Supervisor(args, server.endpoint, script)
+    supervisor = Supervisor(args, server.endpoint, script, token)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: supervisor.request_stop(signum))
     try:

@@ -15,10 +15,23 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from tensorflow_elastic import environment
+from tensorflow_elastic import environment, net
 
 _HEADER = "authorization"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+
+
+def exposure_error(host: str, token: str | None, insecure: bool) -> str | None:
+    """Why serving membership on ``host`` is refused, or None when it is safe (or allowed).
+
+    Without a token anyone who reaches the port can join nodes or make any node
+    leave; on loopback only this machine's users can.
+    """
+    if token or insecure or net.is_loopback(host):
+        return None
+    return (f"listening on {host} without a token lets anyone who reaches the port change the "
+            f"membership; give --token_file (or ${environment.TOKEN}), or pass --insecure on a "
+            f"network you trust")
 
 
 def load_token(token_file: str | None = None, env: str = environment.TOKEN) -> str | None:

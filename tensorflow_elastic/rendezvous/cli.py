@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import signal
 import sys
 import threading
 
-from tensorflow_elastic import environment
+from tensorflow_elastic import environment, net
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
@@ -25,10 +24,12 @@ HOST:PORT` once ready. Point every node at it with --rdzv_endpoint HOST:PORT.
 _EPILOG = """\
 State: with --state_dir, membership is saved on every change, so the
 orchestrator can be killed and restarted on the same port and the runs go on.
-Security: with --token_file (or $TFE_RDZV_TOKEN) every call must carry the
-token; with --tls_cert/--tls_key the traffic is encrypted. Without a token,
-anyone who can reach the port can join or remove nodes: bind to a private
-address. See docs/orchestrator.md.
+Security: it listens on 127.0.0.1 unless --host says otherwise, and refuses
+any other address without a token (--insecure overrides). With --token_file
+(or $TFE_RDZV_TOKEN) every call must carry the token; with --tls_cert/--tls_key
+the traffic (and so the token) is encrypted: give workers the CA with
+tfelastic-run --tls_ca. Metrics are served on 127.0.0.1 unless --metrics_host
+says otherwise. See docs/orchestrator.md.
 """
 
 # Flags named after the RunSettings field they set (type and default come from there).
@@ -58,8 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tfelastic-orchestrator", description=_DESCRIPTION,
                                 epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default="0.0.0.0",
-                   help="address to listen on (default: %(default)s, every interface)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s, this machine only; "
+                   "0.0.0.0 for every interface, which needs a token or --insecure)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without a token (a network you trust)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help="port to listen on; 0 picks a free one (default: %(default)s)")
     p.add_argument("--state_dir", help="directory to keep run state in across restarts "
@@ -73,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(f"--{field}", type=type(default), default=default,
                        help=f"{text} (default: %(default)s)")
     p.add_argument("--metrics_port", type=int,
-                   help="serve Prometheus metrics at http://HOST:PORT/metrics; 0 picks a port")
+                   help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics; 0 picks "
+                   "a port")
+    p.add_argument("--metrics_host", default="127.0.0.1",
+                   help="address the metrics are served on (default: %(default)s)")
     p.add_argument("--events_file", help=f"append events (JSON lines) here (default: "
                    f"${environment.EVENTS_FILE} if set)")
     return p
@@ -93,22 +100,27 @@ def main(argv: list[str] | None = None) -> int:
         token = auth.load_token(args.token_file)
     except (OSError, ValueError) as e:
         parser.error(str(e))
+    refusal = auth.exposure_error(args.host, token, args.insecure)
+    if refusal:
+        parser.error(refusal)
     settings = RunSettings(**{field: getattr(args, field) for field in _SETTING_FLAGS})
     server = Orchestrator(args.host, args.port, state_dir=args.state_dir, token=token,
                           tls_cert=args.tls_cert, tls_key=args.tls_key,
-                          metrics_port=args.metrics_port, events_file=args.events_file,
+                          metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                          events_file=args.events_file,
                           settings=settings)
     try:
         server.start()
     except OSError as e:
         print(f"tfelastic-orchestrator: {e}", file=sys.stderr)
         return 1
-    if token is None and not _is_loopback(args.host):
+    if token is None and not net.is_loopback(args.host):
         print(f"warning: no token and listening on {args.host}: anyone who reaches the port can "
               f"change membership; use --token_file", file=sys.stderr, flush=True)
     if server.metrics_port is not None:
-        print(f"metrics on http://{args.host}:{server.metrics_port}/metrics", flush=True)
-    print(f"listening on {args.host}:{server.port}", flush=True)
+        print(f"metrics on http://{net.format_address(args.metrics_host, server.metrics_port)}"
+              f"/metrics", flush=True)
+    print(f"listening on {server.endpoint}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -119,9 +131,3 @@ def main(argv: list[str] | None = None) -> int:
     server.stop()
     return 0
 
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"

@@ -15,6 +15,7 @@ import threading
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tensorflow_elastic import net
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.metrics import Metrics
@@ -46,12 +47,13 @@ class Orchestrator:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, state_dir: str | None = None,
                  token: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, metrics_port: int | None = None,
-                 events_file: str | None = None, settings: RunSettings | None = None):
+                 metrics_host: str = "127.0.0.1", events_file: str | None = None, settings: RunSettings | None = None):
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and its key (--tls_cert and --tls_key)")
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
         self._state_dir = state_dir
         self._token = token
         self._tls = (tls_cert, tls_key) if tls_cert and tls_key else None
@@ -68,7 +70,7 @@ class Orchestrator:
     @property
     def endpoint(self) -> str:
         """HOST:PORT to give clients (``--rdzv_endpoint``)."""
-        return f"{self.host}:{self.port}"
+        return net.format_address(self.host, self.port)
 
     def start(self, timeout: float = 30.0) -> "Orchestrator":
         """Starts serving; returns once the port is bound (raises if it cannot be)."""
@@ -122,7 +124,7 @@ class Orchestrator:
         self._stopping.set()
 
     def _bind(self, server: grpc.aio.Server) -> int:
-        address = f"{self.host}:{self.port}"
+        address = net.format_address(self.host, self.port)
         try:
             if self._tls:
                 port = server.add_secure_port(address, auth.server_credentials(*self._tls))
@@ -151,7 +153,7 @@ class Orchestrator:
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         try:
             if self.metrics_port is not None:
-                self.metrics_port = self._metrics.serve(self.host, self.metrics_port)
+                self.metrics_port = self._metrics.serve(self.metrics_host, self.metrics_port)
             self._ready.set()
             await self._stopping.wait()
         finally:

@@ -133,7 +133,7 @@ def _show_own_messages() -> None:
 
 def init(endpoint: str | None = None, run_id: str | None = None, token: str | None = None,
          address: str | None = None, min_nodes: int | None = None,
-         max_nodes: int | None = None) -> ElasticRuntime:
+         max_nodes: int | None = None, tls_ca: str | None = None) -> ElasticRuntime:
     """Connects this process to its elastic job; arguments default to the launcher's environment."""
     global _runtime
     with _runtime_lock:
@@ -147,11 +147,12 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
                 f"tensorflow_elastic.init(endpoint='HOST:PORT'), or set {environment.ENDPOINT}")
         run_id = run_id or environment.text(environment.RUN_ID, "default")
         token = token or environment.text(environment.TOKEN)
+        tls_ca = tls_ca or environment.text(environment.TLS_CA)
         address, reservation = _reserve(address or environment.text(environment.ADDRESS))
         min_nodes = min_nodes or environment.integer(environment.MIN_NODES, 1)
         max_nodes = max_nodes or environment.integer(environment.MAX_NODES, max(min_nodes, 1))
         session = MembershipSession(
-            Client(endpoint, run_id, token), address, min_nodes, max_nodes,
+            Client(endpoint, run_id, token, tls_ca=tls_ca), address, min_nodes, max_nodes,
             join_timeout=environment.number(environment.JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT_S),
             progress_timeout=environment.number(environment.PROGRESS_TIMEOUT,
                                                 DEFAULT_PROGRESS_TIMEOUT_S),

@@ -141,3 +141,26 @@ def test_plain_mwms_script_survives_a_kill_and_resumes_from_its_backup(start, sc
                     if e.get("source") == "agent"]
     assert len({e["generation"] for e in agent_starts}) == 2
     assert "1 worker failure(s) on this node were survived" in proc.output
+
+
+def test_a_secured_job_passes_its_token_and_tls_trust_down_to_every_worker(start, tmp_path,
+                                                                          tls_files):
+    cert, key = tls_files
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    script = tmp_path / "joins.py"
+    script.write_text("import tensorflow_elastic as tfe\n"
+                      "runtime = tfe.init()\n"
+                      "print(f'joined as node {runtime.node_id} of generation "
+                      "{runtime.generation}', flush=True)\n")
+    proc = start("--standalone", "--nnodes=2:2", "--nproc_per_node=2", "--tls_cert", cert,
+                 "--tls_key", key, "--token_file", str(token), str(script))
+    assert proc.wait(180) == 0, proc.output
+    joined = proc.wait_for(r"joined as node (\d+) of generation 1", count=2)
+    assert {int(m.group(1)) for m in joined} == {0, 1}
+
+
+def test_an_embedded_orchestrator_on_every_interface_needs_a_token(start, scripts):
+    proc = start("--standalone", "--rdzv_endpoint", "0.0.0.0:0", scripts.plain)
+    assert proc.wait(30) == 2
+    assert "without a token" in proc.output and "--insecure" in proc.output

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 
 import grpc
 import pytest
@@ -34,15 +35,10 @@ def test_token_rejected_without_leaking(start_orchestrator, nodes_for, tmp_path)
     assert len(run.membership.members) == 1 and run.state == "ACTIVE"
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_tls_round_trip(start_orchestrator, tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    server = start_orchestrator("--tls_cert", str(cert), "--tls_key", str(key))
-    with Client(server.endpoint, "job", tls_ca=str(cert)) as secure:
+def test_tls_round_trip(start_orchestrator, tls_files):
+    cert, key = tls_files
+    server = start_orchestrator("--tls_cert", cert, "--tls_key", key)
+    with Client(server.endpoint, "job", tls_ca=cert) as secure:
         m = secure.join("127.0.0.1:20001", 1, 1, timeout=10)
         assert m.generation == 1 and secure.heartbeat().member
     with Client(server.endpoint, "job", retry_timeout=1) as plaintext:
@@ -123,3 +119,43 @@ def test_a_refused_first_join_creates_no_run(orchestrator, nodes_for, fields):
     assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT,
                               grpc.StatusCode.FAILED_PRECONDITION)
     assert nodes_for(orchestrator.endpoint).client().status(all_runs=True) == []
+
+
+def _orchestrator_exits(*flags: str) -> subprocess.CompletedProcess:
+    """Runs tfelastic-orchestrator with `flags` and `--port 0` until it exits (or 20 s)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port", "0",
+                               *flags], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired as e:
+        return subprocess.CompletedProcess(e.cmd, None, e.stdout or "", e.stderr or "")
+
+
+def test_every_interface_without_a_token_is_refused(tmp_path):
+    out = _orchestrator_exits("--host", "0.0.0.0")
+    assert out.returncode == 2
+    assert "without a token" in out.stderr and "--insecure" in out.stderr
+
+
+def test_the_orchestrator_and_its_metrics_listen_on_loopback_by_default(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port", "0",
+                             "--metrics_port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert lines[0].startswith("metrics on http://127.0.0.1:"), lines
+    assert lines[1].startswith("listening on 127.0.0.1:"), lines
+
+
+def test_insecure_allows_every_interface_with_a_warning():
+    proc = subprocess.Popen([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port", "0",
+                             "--host", "0.0.0.0", "--insecure"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = [proc.stdout.readline() for _ in range(2)]
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert lines[0].startswith("warning: no token") and lines[1].startswith("listening on 0.0.0.0:")
