@@ -34,6 +34,14 @@ hash_of() { { find "$@" -type f ! -name '*_pb2.py' ! -name '*_pb2_grpc.py' ! -pa
 pip_quiet() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@" 2>&1 | { grep -v -E '^WARNING: Location .* is ignored' || true; }; }
 unchanged() { [ "$FORCE" = 0 ] && [ -f "$STAMPS/$1" ] && [ "$(cat "$STAMPS/$1")" = "$2" ]; }
 stamp() { mkdir -p "$STAMPS"; echo "$2" > "$STAMPS/$1"; }
+# Debian packages, as root or through sudo.
+apt_install() {
+  local sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  command -v apt-get >/dev/null || fail "apt-get is not available; install the Debian packages $* or their equivalent"
+  $sudo apt-get update -q >/dev/null || fail "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "$@" >/dev/null || fail "apt-get install $* failed"
+}
 
 step "Python environment ($VENV)"
 command -v "$PYTHON" >/dev/null || fail "$PYTHON not found; install Python 3.10+ or set PYTHON=/path/to/python3"
@@ -52,6 +60,13 @@ else
   pip_quiet install -q --progress-bar off --no-deps -r requirements-nodeps.txt
   stamp requirements "$REQ_HASH"
 fi
+# The op library holds a Python binding, built against this interpreter's headers.
+if ! "$VENV/bin/python" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'; then
+  PYTHON_DEV=python$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')-dev
+  echo "installing Debian's $PYTHON_DEV (Python's headers)"
+  apt_install "$PYTHON_DEV"
+fi
 
 step "Bazel"
 BAZEL=""
@@ -61,12 +76,7 @@ elif command -v bazel >/dev/null && [ -d /usr/share/bazel/rules/java ]; then
   BAZEL=bazel
 else
   echo "installing Debian's bazel-bootstrap and bazel-rules-java (offline-capable Bazel 4)"
-  SUDO=""
-  [ "$(id -u)" = 0 ] || SUDO=sudo
-  command -v apt-get >/dev/null || fail "Bazel is missing and apt-get is not available; install Bazel 4 and Debian's bazel-rules-java"
-  $SUDO apt-get update -q >/dev/null || fail "apt-get update failed"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q bazel-bootstrap bazel-rules-java >/dev/null \
-    || fail "apt-get install bazel-bootstrap bazel-rules-java failed"
+  apt_install bazel-bootstrap bazel-rules-java
   BAZEL=bazel
 fi
 echo "using $BAZEL ($($BAZEL --version 2>/dev/null | tail -n 1))"

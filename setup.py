@@ -1,8 +1,9 @@
 """Wheel build: the Python package plus two built artefacts.
 
 - the protobuf/gRPC modules, generated from tensorflow_elastic/proto/*.proto;
-- the op library tensorflow_elastic/_ops.so, built by Bazel beforehand
-  (install.sh runs `bazel build //...`); TFE_OPS_LIBRARY overrides its path.
+- the op library tensorflow_elastic/_ops.so (the kernels and the pybind11
+  binding of variable snapshots), built by Bazel beforehand (install.sh runs
+  `bazel build //...`); TFE_OPS_LIBRARY overrides its path.
 """
 
 import os

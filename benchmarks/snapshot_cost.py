@@ -2,7 +2,8 @@
 
 For each size it measures, side by side in alternating blocks:
 
-* take: `VariableSnapshot.take()` (one C call; what a commit does);
+* take: `VariableSnapshot.take()` (one call into the pybind11 binding; what a
+  commit does);
 * eager read: one eager `_ReadVariablesOp` of the same variables (the previous
   way, kept here as the baseline);
 * update step: a traced SGD-like update of every variable, without a snapshot

@@ -5,8 +5,8 @@
 // snapshot holds a reference to each variable's buffer, as ReadVariableOp
 // does, so the next in-place update of the variable copies the buffer
 // (TensorFlow's copy-on-write) and the snapshot keeps the old values. Taking
-// one is a plain C call from Python (see variable_snapshot_c_api.cc): an eager
-// op would cost 50-250 us of dispatch per commit in TensorFlow 2.21.
+// one is a direct call from Python (cc/python/variable_snapshot_module.cc): an
+// eager op would cost 50-250 us of dispatch per commit in TensorFlow 2.21.
 #ifndef TENSORFLOW_ELASTIC_CC_KERNELS_VARIABLE_SNAPSHOT_H_
 #define TENSORFLOW_ELASTIC_CC_KERNELS_VARIABLE_SNAPSHOT_H_
 
@@ -25,7 +25,7 @@ namespace tensorflow_elastic {
 class VariableSnapshot {
  public:
   // `on_host[i]` tells whether variable i lives in host memory (only those can
-  // be read from the C API).
+  // be read with ReadFloat64).
   VariableSnapshot(std::vector<tensorflow::core::RefCountPtr<tensorflow::Var>> variables,
                    std::vector<bool> on_host);
 

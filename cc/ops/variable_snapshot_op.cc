@@ -10,9 +10,9 @@ REGISTER_OP("ElasticVariableSnapshot")
     .SetShapeFn(tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
 Creates a snapshot of the given resource variables and returns its id. The
-snapshot holds nothing until taken (TfeVariableSnapshotTake, a C function
-called at every commit); taking it references the variables' buffers without
-copying them. Release it with TfeVariableSnapshotRelease.
+snapshot holds nothing until taken (through the library's Python binding, at
+every commit); taking it references the variables' buffers without copying
+them. The binding's object for the id releases it.
 )doc");
 
 REGISTER_OP("ElasticVariableSnapshotValues")

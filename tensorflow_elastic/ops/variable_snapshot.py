@@ -4,61 +4,56 @@ A state's commit runs after every training step. Reading its variables with an
 eager op (even one `_ReadVariablesOp` for all of them) costs 50-250 us of op
 dispatch per commit in TensorFlow 2.21 (measured in running workers: every
 eager op runs as a function), several percent of a 10 ms step. Here an op run
-once pins the variables in C++; each commit is then one C call (ctypes) that
-takes a reference to every variable's buffer. Nothing is copied at the commit:
-the next in-place update copies the buffer instead (copy-on-write), exactly as
-when a read of the variable is still alive.
+once pins the variables in C++; each commit is then one call into a pybind11
+binding (`cc/python/`) that takes a reference to every variable's buffer.
+Nothing is copied at the commit: the next in-place update copies the buffer
+instead (copy-on-write), exactly as when a read of the variable is still alive.
 """
 
 from __future__ import annotations
 
-import ctypes
+import importlib.util
 import threading
-import weakref
+from types import ModuleType
 from typing import Sequence
 
 import tensorflow as tf
 
-from tensorflow_elastic.ops import LIBRARY_PATH, load_op_library
+from tensorflow_elastic.ops import LIBRARY_PATH, OpLibraryError, load_op_library
 
 _lock = threading.Lock()
-_c_api: ctypes.PyDLL | None = None
+_binding: ModuleType | None = None
 
 
 class SnapshotError(RuntimeError):
     """A snapshot call failed (unknown snapshot, uninitialized variable, wrong dtype)."""
 
 
-def _library() -> ctypes.PyDLL:
-    """The op library's C functions (the library TensorFlow loaded, so the same snapshots)."""
-    global _c_api
+def _snapshots() -> ModuleType:
+    """The binding, a module built into the op library, so it sees the snapshots the op made."""
+    global _binding
     with _lock:
-        if _c_api is None:
+        if _binding is None:
+            # TensorFlow loads the library first: it collects the library's ops while loading
+            # it. Importing the same file then finds the library already loaded.
             load_op_library()
-            # PyDLL keeps the GIL: every call is a few microseconds.
-            c_api = ctypes.PyDLL(LIBRARY_PATH)
-            c_api.TfeVariableSnapshotTake.argtypes = [
-                ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_int64]
-            c_api.TfeVariableSnapshotReadFloat64.argtypes = [
-                ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_int64]
-            c_api.TfeVariableSnapshotRelease.argtypes = [ctypes.c_int64]
-            c_api.TfeVariableSnapshotLastError.restype = ctypes.c_char_p
-            _c_api = c_api
-        return _c_api
+            spec = importlib.util.spec_from_file_location(f"{__package__}._snapshot", LIBRARY_PATH)
+            try:
+                binding = importlib.util.module_from_spec(spec)
+            except ImportError as e:
+                raise OpLibraryError(f"The op library {LIBRARY_PATH} lacks the snapshot binding "
+                                     f"({e}); rebuild it with ./install.sh.") from e
+            spec.loader.exec_module(binding)
+            _binding = binding
+        return _binding
 
 
-def _check(status: int) -> None:
-    if status != 0:
-        raise SnapshotError(_library().TfeVariableSnapshotLastError().decode())
-
-
-def _create(owner: object, variables: Sequence[tf.Variable]) -> int:
-    """A C++ snapshot of `variables` (all on one device), released when `owner` is collected."""
-    c_api = _library()
+def _create(variables: Sequence[tf.Variable]):
+    """A C++ snapshot of `variables` (all on one device), released when it is collected."""
+    binding = _snapshots()
     with tf.device(variables[0].handle.device):
         snapshot_id = int(load_op_library().elastic_variable_snapshot([v.handle for v in variables]))
-    weakref.finalize(owner, c_api.TfeVariableSnapshotRelease, snapshot_id)
-    return snapshot_id
+    return binding.Snapshot(snapshot_id)
 
 
 class VariableSnapshot:
@@ -77,35 +72,34 @@ class VariableSnapshot:
             by_device.setdefault(variable.handle.device, []).append(i)
         self._size = len(variables)
         self._held = len(held)
-        self._groups = [(_create(self, [held[i] for i in indices]), indices,
+        self._groups = [(_create([held[i] for i in indices]), indices,
                          [held[i].dtype for i in indices])
                         for indices in by_device.values()]
-        self._reported = None
-        count = 0
-        if reported is not None:
-            count = int(tf.size(reported))
-            self._reported = (ctypes.c_double * count)()
-        # The arguments of each group's C call: (id, index of `reported` in it or -1, out, count).
+        count = 0 if reported is None else int(tf.size(reported))
+        # Each group's take and its arguments: (index of `reported` in the group or -1, count).
         self._take_calls = [
-            (snapshot_id, indices.index(self._size), self._reported, count)
-            if self._size in indices else (snapshot_id, -1, None, 0)
-            for snapshot_id, indices, _ in self._groups]
+            (snapshot.take, (indices.index(self._size), count) if self._size in indices
+             else (-1, 0))
+            for snapshot, indices, _ in self._groups]
 
     def take(self) -> tuple[float, ...] | None:
         """Holds every variable's current value; call it between steps, not during one.
 
         Returns the values of `reported` (None without one).
         """
-        for call in self._take_calls:
-            _check(_c_api.TfeVariableSnapshotTake(*call))
-        return None if self._reported is None else tuple(self._reported)
+        reported = None
+        for take, args in self._take_calls:
+            values = take(*args)
+            if values is not None:
+                reported = values
+        return reported
 
     def saved_values(self) -> list[tf.Tensor]:
         """The values of `variables` held by the last `take()`, in their order."""
         values: list[tf.Tensor | None] = [None] * self._held
         ops = load_op_library()
-        for snapshot_id, indices, dtypes in self._groups:
-            for i, value in zip(indices, ops.elastic_variable_snapshot_values(snapshot_id, dtypes)):
+        for snapshot, indices, dtypes in self._groups:
+            for i, value in zip(indices, ops.elastic_variable_snapshot_values(snapshot.id, dtypes)):
                 values[i] = value
         return values[:self._size]
 
@@ -115,9 +109,7 @@ class Float64Reader:
 
     def __init__(self, variable: tf.Variable):
         self._size = int(tf.size(variable))
-        self._id = _create(self, [variable])
-        self._buffer = (ctypes.c_double * self._size)()
+        self._snapshot = _create([variable])
 
     def __call__(self) -> tuple[float, ...]:
-        _check(_c_api.TfeVariableSnapshotReadFloat64(self._id, 0, self._buffer, self._size))
-        return tuple(self._buffer)
+        return self._snapshot.read_float64(0, self._size)

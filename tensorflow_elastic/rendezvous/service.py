@@ -29,7 +29,7 @@ from tensorflow_elastic.rendezvous.run import Run, check_last_generation
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import MembershipUpdate, Phase
+from tensorflow_elastic.rendezvous.types import MembershipUpdate
 
 MAX_RUN_ID = 128
 MAX_NAME = 256

@@ -1,4 +1,5 @@
-"""VariableSnapshot: held values across in-place updates, dense and sparse; the tally reader; bad ids."""
+"""VariableSnapshot: held values across in-place updates, dense and sparse; the tally reader;
+bad ids; the op and the Python binding sharing one library."""
 
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import tensorflow as tf
 
 from tensorflow_elastic.ops import load_op_library
 from tensorflow_elastic.ops.variable_snapshot import (Float64Reader, SnapshotError,
-                                                      VariableSnapshot, _check, _library)
+                                                      VariableSnapshot, _snapshots)
 
 
 def test_holds_every_variable_in_order_whatever_its_dtype():
@@ -100,22 +101,33 @@ def test_reading_another_dtype_as_float64_is_a_clear_error():
 
 
 def test_unknown_or_released_ids_are_errors_not_crashes():
-    c_api = _library()
     with pytest.raises(SnapshotError, match="no variable snapshot with id -5"):
-        _check(c_api.TfeVariableSnapshotTake(-5, -1, None, 0))
+        _snapshots().Snapshot(-5)
     snapshot = VariableSnapshot([tf.Variable(1.0)])
-    (snapshot_id, _, _), = snapshot._groups
-    del snapshot  # released when the snapshot object goes away
-    assert c_api.TfeVariableSnapshotTake(snapshot_id, -1, None, 0) == -1
+    (held, _, _), = snapshot._groups
+    snapshot_id = held.id
+    del snapshot, held  # released when the snapshot object goes away
+    with pytest.raises(SnapshotError, match=f"no variable snapshot with id {snapshot_id}"):
+        _snapshots().Snapshot(snapshot_id)
     with pytest.raises(tf.errors.NotFoundError, match="no variable snapshot"):
         load_op_library().elastic_variable_snapshot_values(snapshot_id, [tf.float32])
+
+
+def test_the_binding_and_the_op_share_one_library():
+    tally = tf.Variable([4.0], dtype=tf.float64)
+    snapshot_id = int(load_op_library().elastic_variable_snapshot([tally.handle]))
+    held = _snapshots().Snapshot(snapshot_id)  # found: the op's snapshot, taken through the binding
+    assert held.take(0, 1) == (4.0,)
+    tally.assign([5.0])
+    assert held.read_float64(0, 1) == (5.0,)
+    assert load_op_library().elastic_variable_snapshot_values(snapshot_id, [tf.float64])[0] == 4.0
 
 
 def test_asking_for_other_dtypes_is_a_clear_error():
     snapshot = VariableSnapshot([tf.Variable(1.0)])
     snapshot.take()
     with pytest.raises(tf.errors.InvalidArgumentError, match="value 0 is float, expected int64"):
-        load_op_library().elastic_variable_snapshot_values(snapshot._groups[0][0], [tf.int64])
+        load_op_library().elastic_variable_snapshot_values(snapshot._groups[0][0].id, [tf.int64])
 
 
 _TWO_DEVICES = """

@@ -1,14 +1,19 @@
-"""Repository rule: the Python interpreter and the TensorFlow it has installed.
+"""Repository rule: the Python interpreter and the TensorFlow and pybind11 it has installed.
 
 Offline by construction: it reads the headers and libtensorflow_framework of
 the TensorFlow wheel installed for the interpreter PYTHON_BIN_PATH (default:
-the workspace's .venv/bin/python, made by install.sh) and exposes them with a
-Python toolchain on that interpreter, so py_test targets run with the same
-TensorFlow the op library is built against.
+the workspace's .venv/bin/python, made by install.sh), the interpreter's own
+headers and those of its pybind11 package, and exposes them with a Python
+toolchain on that interpreter, so py_test targets run with the same
+TensorFlow and Python the op library is built against.
 """
 
 _PROBE = """
+import sysconfig
+import pybind11
 import tensorflow as tf
+print(sysconfig.get_paths()["include"])
+print(pybind11.get_include())
 print(tf.sysconfig.get_include())
 print(tf.sysconfig.get_lib())
 print(tf.__version__)
@@ -29,6 +34,20 @@ cc_library(
 cc_library(
     name = "tensorflow_framework",
     srcs = ["libtensorflow_framework.so.2"],
+)
+
+# Headers only: an extension module takes the Python C API from the interpreter that loads it.
+cc_library(
+    name = "python_headers",
+    hdrs = glob(["python_include/**/*.h"]),
+    includes = ["python_include"],
+)
+
+cc_library(
+    name = "pybind11",
+    hdrs = glob(["pybind11_include/pybind11/**/*.h"]),
+    includes = ["pybind11_include"],
+    deps = [":python_headers"],
 )
 
 py_runtime(
@@ -62,8 +81,12 @@ def _local_tensorflow_impl(ctx):
         fail("No Python interpreter: run ./install.sh, or pass --repo_env=PYTHON_BIN_PATH=/path/to/python.")
     result = ctx.execute([python, "-c", _PROBE], quiet = True, environment = {"TF_CPP_MIN_LOG_LEVEL": "3"})
     if result.return_code != 0:
-        fail("TensorFlow is not importable with %s; run ./install.sh first.\n%s" % (python, result.stderr))
-    include, lib, version = result.stdout.strip().splitlines()[-3:]
+        lines = result.stderr.strip().splitlines()
+        fail("%s lacks what the op library is built with (%s); run ./install.sh first." %
+             (python, lines[-1] if lines else "exit code %d" % result.return_code))
+    python_include, pybind11_include, include, lib, version = result.stdout.strip().splitlines()[-5:]
+    ctx.symlink(python_include, "python_include")
+    ctx.symlink(pybind11_include, "pybind11_include")
     ctx.symlink(include, "include")
     ctx.symlink(lib + "/libtensorflow_framework.so.2", "libtensorflow_framework.so.2")
     ctx.file("BUILD", _BUILD.replace("{python}", python))
