@@ -49,6 +49,13 @@ class ServiceError(Exception):
         return cls(message, code=code, reason=reason)
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer ("ipv4:10.0.0.5:4242" -> "10.0.0.5", "ipv6:[::1]:4242" -> "::1")."""
+    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host.strip("[]")
+
+
 def reason_metadata(error: ServiceError) -> tuple[tuple[str, str], ...]:
     """The trailing metadata that carries ``error``'s reason to the client."""
     return ((REASON_METADATA_KEY, error.reason),)

@@ -94,6 +94,17 @@ def test_retrying_stops_when_the_next_try_would_start_after_the_deadline(sleeps,
     assert sleeps == [0.05, 0.1, 0.2] and attempt.count == 4
 
 
+def _serve_one(service: str, method: str, behaviour) -> tuple[grpc.Server, int]:
+    """A started in-process server on a free port whose one unary method is ``behaviour``."""
+    handler = grpc.method_handlers_generic_handler(service, {
+        method: grpc.unary_unary_rpc_method_handler(behaviour)})
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
+
+
 @pytest.fixture
 def refusing_server():
     """An in-process server whose one method refuses with the error the test sets."""
@@ -102,12 +113,7 @@ def refusing_server():
     def call(request: bytes, context: grpc.ServicerContext) -> bytes:
         rpc.abort(context, refusal[0])
 
-    handler = grpc.method_handlers_generic_handler("test.Echo", {
-        "Call": grpc.unary_unary_rpc_method_handler(call)})
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, port = _serve_one("test.Echo", "Call", call)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
 
     def refuse_with(error: rpc.ServiceError) -> grpc.RpcError:
@@ -163,12 +169,7 @@ def shedding_orchestrator():
             context.abort(grpc.StatusCode.CANCELLED, "shed under load")
         return pb.StatusResponse(runs=[pb.RunStatus(run_id="job", state=pb.FORMING)]).SerializeToString()
 
-    handler = grpc.method_handlers_generic_handler("tensorflow_elastic.Rendezvous", {
-        "Status": grpc.unary_unary_rpc_method_handler(status)})
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, port = _serve_one("tensorflow_elastic.Rendezvous", "Status", status)
     yield f"127.0.0.1:{port}", calls
     server.stop(None)
 

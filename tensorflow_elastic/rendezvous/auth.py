@@ -22,7 +22,7 @@ from typing import Awaitable, Callable
 
 import grpc
 
-from tensorflow_elastic import environment
+from tensorflow_elastic import environment, rpc
 
 _HEADER = "authorization"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/",)
@@ -90,7 +90,7 @@ class RefusalLog:
         self._peers: collections.OrderedDict[str, tuple[float, int]] = collections.OrderedDict()
 
     def refused(self, peer: str, method: str) -> None:
-        host = _peer_host(peer)
+        host = rpc.peer_host(peer)
         now = self._clock()
         logged_at, count = self._peers.pop(host, (None, 0))
         count += 1
@@ -102,13 +102,6 @@ class RefusalLog:
         self._peers[host] = (logged_at, count)
         while len(self._peers) > _REFUSAL_LOG_PEERS:
             self._peers.popitem(last=False)
-
-
-def _peer_host(peer: str) -> str:
-    """The host of a gRPC peer ("ipv4:10.0.0.5:4242" -> "10.0.0.5", "ipv6:[::1]:4242" -> "::1")."""
-    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    return host.strip("[]")
 
 
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:

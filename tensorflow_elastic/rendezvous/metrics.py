@@ -44,6 +44,14 @@ class Metrics:
     def rendezvous_done(self, run_id: str, seconds: float) -> None:
         self.rendezvous.labels(run_id).observe(seconds)
 
+    def forget_run(self, run_id: str) -> None:
+        """Drops a deleted run's series, so that expired runs do not pile up in /metrics."""
+        for metric in (self.members, self.generation, self.waiting, self.rendezvous):
+            try:
+                metric.remove(run_id)
+            except KeyError:
+                pass  # the run never had this series
+
     def rpc_done(self, method: str, code: str) -> None:
         self.rpcs.labels(method, code).inc()
 
