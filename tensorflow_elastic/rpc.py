@@ -5,11 +5,12 @@ machine-readable ``reason`` and a message that says what to do. The reason
 travels in the trailing metadata key ``tfe-reason`` so that the client can
 raise the same error class again: callers branch on the class or the reason,
 never on the message. Clients call through :func:`call_with_retry`, so a
-server that restarts is a pause, not an error.
+server that restarts, or sheds calls under load, is a pause, not an error.
 """
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Callable, Collection, NoReturn, TypeVar
 
@@ -17,6 +18,10 @@ import grpc
 
 REASON_METADATA_KEY = "tfe-reason"
 FIRST_BACKOFF_S = 0.05
+# Codes of a call that did not complete and may be sent again when it is idempotent: the server
+# is unreachable (restarting, network blip) or shed the call under load.
+UNREACHABLE_OR_SHED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED,
+                       grpc.StatusCode.RESOURCE_EXHAUSTED)
 
 T = TypeVar("T")
 E = TypeVar("E", bound="ServiceError")
@@ -44,6 +49,13 @@ class ServiceError(Exception):
         return cls(message, code=code, reason=reason)
 
 
+def peer_host(peer: str) -> str:
+    """The host of a gRPC peer ("ipv4:10.0.0.5:4242" -> "10.0.0.5", "ipv6:[::1]:4242" -> "::1")."""
+    address = peer.split(":", 1)[1] if peer.startswith(("ipv4:", "ipv6:")) else peer
+    host = address.rsplit(":", 1)[0] if ":" in address else address
+    return host.strip("[]")
+
+
 def reason_metadata(error: ServiceError) -> tuple[tuple[str, str], ...]:
     """The trailing metadata that carries ``error``'s reason to the client."""
     return ((REASON_METADATA_KEY, error.reason),)
@@ -65,14 +77,19 @@ def rebuild_error(e: grpc.RpcError, family: type[E]) -> E:
 def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCode],
                     give_up_at: float, max_backoff: float) -> T:
     """``attempt()``, again while it fails with a code in ``retry_on`` and the next try can
-    start by ``give_up_at`` (monotonic); the pause doubles from :data:`FIRST_BACKOFF_S` up to
-    ``max_backoff``. Raises the ``grpc.RpcError`` of the last attempt."""
-    backoff = FIRST_BACKOFF_S
+    start by ``give_up_at`` (monotonic). Raises the ``grpc.RpcError`` of the last attempt.
+
+    Each pause is drawn at random up to a bound that doubles from :data:`FIRST_BACKOFF_S` to
+    ``max_backoff`` ("full jitter"): clients that a server shed at the same moment come back
+    spread out instead of shedding each other again.
+    """
+    bound = FIRST_BACKOFF_S
     while True:
         try:
             return attempt()
         except grpc.RpcError as e:
-            if e.code() not in retry_on or time.monotonic() + backoff > give_up_at:
+            pause = random.uniform(0.0, bound)
+            if e.code() not in retry_on or time.monotonic() + pause > give_up_at:
                 raise
-        time.sleep(backoff)
-        backoff = min(backoff * 2, max_backoff)
+        time.sleep(pause)
+        bound = min(bound * 2, max_backoff)

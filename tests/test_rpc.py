@@ -10,7 +10,9 @@ import grpc
 import pytest
 
 from tensorflow_elastic import rpc
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.ps.errors import FUTURE_VERSION, PSError
+from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (BAD_REQUEST, STALE_GENERATION,
                                                   GenerationChangedError, InvalidArgumentError,
                                                   RendezvousError)
@@ -49,7 +51,14 @@ def sleeps(monkeypatch) -> list[float]:
     return slept
 
 
-def test_a_retried_code_is_tried_again_with_doubling_pauses_up_to_the_most(sleeps):
+@pytest.fixture
+def longest_pauses(monkeypatch) -> None:
+    """The jitter always draws the longest pause it may, so the pauses are predictable."""
+    monkeypatch.setattr(rpc, "random", types.SimpleNamespace(uniform=lambda low, high: high))
+
+
+def test_a_retried_code_is_tried_again_with_doubling_pauses_up_to_the_most(sleeps,
+                                                                          longest_pauses):
     unavailable = grpc.StatusCode.UNAVAILABLE
     attempt = _Attempts(*[unavailable] * 6)
     result = rpc.call_with_retry(attempt, (unavailable,), time.monotonic() + 60, max_backoff=0.5)
@@ -65,13 +74,35 @@ def test_another_code_fails_at_once(sleeps):
     assert attempt.count == 1 and sleeps == []
 
 
-def test_retrying_stops_when_the_next_try_would_start_after_the_deadline(sleeps):
+def test_pauses_are_drawn_at_random_below_their_doubling_bound(sleeps):
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    attempt = _Attempts(*[unavailable] * 40)
+    rpc.call_with_retry(attempt, (unavailable,), time.monotonic() + 60, max_backoff=0.4)
+    bounds = [0.05, 0.1, 0.2] + [0.4] * 37
+    assert all(0 <= pause <= bound for pause, bound in zip(sleeps, bounds))
+    # Full jitter: clients shed together do not come back together.
+    assert len(set(sleeps)) == len(sleeps) and sum(sleeps) < sum(bounds)
+
+
+def test_retrying_stops_when_the_next_try_would_start_after_the_deadline(sleeps,
+                                                                        longest_pauses):
     attempt = _Attempts(*[grpc.StatusCode.DEADLINE_EXCEEDED] * 100)
     give_up_at = time.monotonic() + 0.3  # the sleeps are not real: only the first pauses fit
     with pytest.raises(grpc.RpcError) as info:
         rpc.call_with_retry(attempt, (grpc.StatusCode.DEADLINE_EXCEEDED,), give_up_at, 1.0)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert sleeps == [0.05, 0.1, 0.2] and attempt.count == 4
+
+
+def _serve_one(service: str, method: str, behaviour) -> tuple[grpc.Server, int]:
+    """A started in-process server on a free port whose one unary method is ``behaviour``."""
+    handler = grpc.method_handlers_generic_handler(service, {
+        method: grpc.unary_unary_rpc_method_handler(behaviour)})
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port
 
 
 @pytest.fixture
@@ -82,12 +113,7 @@ def refusing_server():
     def call(request: bytes, context: grpc.ServicerContext) -> bytes:
         rpc.abort(context, refusal[0])
 
-    handler = grpc.method_handlers_generic_handler("test.Echo", {
-        "Call": grpc.unary_unary_rpc_method_handler(call)})
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
+    server, port = _serve_one("test.Echo", "Call", call)
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
 
     def refuse_with(error: rpc.ServiceError) -> grpc.RpcError:
@@ -129,3 +155,29 @@ def test_a_failure_without_a_reason_is_the_family_base_class():
     assert error.reason == BAD_REQUEST and error.message
     error = rpc.rebuild_error(info.value, PSError)
     assert error.reason == "" and str(error).startswith("UNAVAILABLE: ")
+
+
+@pytest.fixture
+def shedding_orchestrator():
+    """An in-process stand-in for the orchestrator whose Status sheds the first calls with
+    CANCELLED (as a loaded server does), then answers; yields its endpoint and call count."""
+    calls = {"count": 0, "shed": 0}
+
+    def status(request: bytes, context: grpc.ServicerContext) -> bytes:
+        calls["count"] += 1
+        if calls["count"] <= calls["shed"]:
+            context.abort(grpc.StatusCode.CANCELLED, "shed under load")
+        return pb.StatusResponse(runs=[pb.RunStatus(run_id="job", state=pb.FORMING)]).SerializeToString()
+
+    server, port = _serve_one("tensorflow_elastic.Rendezvous", "Status", status)
+    yield f"127.0.0.1:{port}", calls
+    server.stop(None)
+
+
+def test_a_call_the_server_shed_with_cancelled_is_retried_until_it_succeeds(
+        shedding_orchestrator):
+    endpoint, calls = shedding_orchestrator
+    calls["shed"] = 4
+    with Client(endpoint, "job", retry_timeout=30.0) as client:
+        runs = client.status()
+    assert [r.run_id for r in runs] == ["job"] and calls["count"] == 5

@@ -5,20 +5,32 @@ With a token configured, every call must carry ``authorization: Bearer
 handler runs, so a caller without the token learns nothing about the runs. The
 standard health service stays open so that probes (load balancers, Kubernetes)
 work without secrets; it reveals only SERVING.
+
+Refused calls are counted (by method, through ``on_refused``) and logged, one
+line per peer host and minute at most, so that a misconfigured node or a
+prober shows up without flooding the log.
 """
 
 from __future__ import annotations
 
+import collections
 import hmac
+import logging
 import os
+import time
 from typing import Awaitable, Callable
 
 import grpc
 
-from tensorflow_elastic import environment, net
+from tensorflow_elastic import environment, net, rpc
 
 _HEADER = "authorization"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/",)
+# A peer's refused calls are logged at most once per interval; so many peers are remembered.
+REFUSAL_LOG_INTERVAL_S = 60.0
+_REFUSAL_LOG_PEERS = 1024
+
+logger = logging.getLogger(__name__)
 
 
 def exposure_error(host: str, token: str | None, insecure: bool) -> str | None:
@@ -52,10 +64,13 @@ def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls whose token does not match, in constant time."""
+    """Rejects calls whose token does not match, in constant time; ``on_refused`` gets the
+    method of each refused call."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, on_refused: Callable[[str], None] = lambda method: None):
         self._expected = f"Bearer {token}".encode()
+        self._on_refused = on_refused
+        self._log = RefusalLog()
 
     async def intercept_service(
             self, continuation: Callable[[grpc.HandlerCallDetails],
@@ -66,16 +81,40 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         presented = dict(handler_call_details.invocation_metadata or ()).get(_HEADER, "")
         if hmac.compare_digest(str(presented).encode(), self._expected):
             return await continuation(handler_call_details)
-        return _REJECT
+        method = handler_call_details.method
+        self._on_refused(method)
+
+        async def reject(request: object, context: grpc.aio.ServicerContext) -> None:
+            self._log.refused(context.peer(), method)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                "missing or wrong token: pass the orchestrator's shared token")
+
+        # Raw bytes in and nothing out: the call is refused before its request is parsed.
+        return grpc.unary_unary_rpc_method_handler(reject)
 
 
-async def _reject(request: object, context: grpc.aio.ServicerContext) -> None:
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                        "missing or wrong token: pass the orchestrator's shared token")
+class RefusalLog:
+    """Logs refused calls: one line per peer host per :data:`REFUSAL_LOG_INTERVAL_S`, naming
+    how many calls were refused since its last line; the least recent peers are forgotten."""
 
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self._clock = clock
+        # peer host -> (when its last line was logged, calls refused since)
+        self._peers: collections.OrderedDict[str, tuple[float, int]] = collections.OrderedDict()
 
-# Raw bytes in and nothing out: the call is refused before its request is parsed.
-_REJECT = grpc.unary_unary_rpc_method_handler(_reject)
+    def refused(self, peer: str, method: str) -> None:
+        host = rpc.peer_host(peer)
+        now = self._clock()
+        logged_at, count = self._peers.pop(host, (None, 0))
+        count += 1
+        if logged_at is None or now - logged_at >= REFUSAL_LOG_INTERVAL_S:
+            logger.warning("refused calls without the right token from %s: %d since the last "
+                           "such line (the last one: %s); give that client the orchestrator's "
+                           "token (--token_file or $%s)", host, count, method, environment.TOKEN)
+            logged_at, count = now, 0
+        self._peers[host] = (logged_at, count)
+        while len(self._peers) > _REFUSAL_LOG_PEERS:
+            self._peers.popitem(last=False)
 
 
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:

@@ -49,9 +49,15 @@ _SETTING_FLAGS = {
     "blocklist_cooldown": "seconds the first block lasts; each further failure doubles it",
     "blocklist_max_cooldown": "longest block in seconds",
     "max_value_bytes": "largest value a node may put with Synchronize",
+    "run_expiry": "seconds a run with no live node (completed, failed or emptied) is kept "
+                  "before it is deleted",
+    "max_runs": "runs this orchestrator serves at once; a new one beyond is refused",
+    "max_watches_per_peer": "watch streams one host may hold open",
+    "max_watches": "watch streams all hosts together may hold open",
 }
 _POSITIVE_FLAGS = ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "watch_loss_grace",
-                   "blocklist_cooldown", "blocklist_max_cooldown")
+                   "blocklist_cooldown", "blocklist_max_cooldown", "run_expiry", "max_runs",
+                   "max_watches_per_peer", "max_watches")
 
 
 def build_parser() -> argparse.ArgumentParser:

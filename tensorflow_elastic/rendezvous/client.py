@@ -1,10 +1,14 @@
 """The client of the orchestrator, used by agents and workers.
 
 Every call has a deadline. A call that finds the orchestrator unreachable
-(UNAVAILABLE: restarting, network blip) is retried with exponential backoff
-for up to ``retry_timeout`` seconds, so an orchestrator killed and restarted
-with its state directory is invisible to members beyond a pause. Joins carry
-a nonce and members their permanent id, so retries never create a second node.
+(UNAVAILABLE: restarting, network blip) or that it shed under load (CANCELLED,
+RESOURCE_EXHAUSTED) is retried with jittered exponential backoff for up to
+``retry_timeout`` seconds, so an orchestrator killed and restarted with its
+state directory, or swamped at start-up, is invisible to members beyond a
+pause. Every call may be sent twice: joins carry a nonce and members their
+permanent id, so retries never create a second node; a barrier or exchange is
+named by generation and name; a repeated leave or failure report changes
+nothing more.
 Errors come back as the :mod:`~tensorflow_elastic.rendezvous.errors` classes.
 """
 
@@ -34,7 +38,7 @@ _DEADLINE_MARGIN_S = 5.0
 _BACKOFF_MAX_S = 2.0
 
 # Watch streams end with these when the orchestrator restarts or sheds streams.
-_RESUBSCRIBE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+_RESUBSCRIBE = rpc.UNREACHABLE_OR_SHED
 # A heartbeat that failed with these is simply sent again at the next interval.
 _TRANSIENT = (*_RESUBSCRIBE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
@@ -238,7 +242,7 @@ class Client:
 
     def _call(self, method: Callable[..., Any], request: Callable[[], Any],
               deadline: float | None = None, timeout: float | None = -1.0) -> Any:
-        """Calls ``method``, retrying UNAVAILABLE with exponential backoff.
+        """Calls ``method``, retrying while the orchestrator is unreachable or sheds the call.
 
         ``deadline`` (monotonic) bounds server-side waits; otherwise each attempt
         gets ``timeout`` (default: call_timeout; None: no deadline, for streams).
@@ -255,8 +259,7 @@ class Client:
             return method(request(), timeout=attempt_timeout, metadata=self._metadata)
 
         try:
-            return rpc.call_with_retry(attempt, (grpc.StatusCode.UNAVAILABLE,), give_up,
-                                       _BACKOFF_MAX_S)
+            return rpc.call_with_retry(attempt, rpc.UNREACHABLE_OR_SHED, give_up, _BACKOFF_MAX_S)
         except grpc.RpcError as e:
             raise rpc.rebuild_error(e, RendezvousError) from None
 

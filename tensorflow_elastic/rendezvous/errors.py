@@ -23,6 +23,7 @@ STALE_GENERATION = "stale_generation"
 RUN_FAILED = "run_failed"
 TIMEOUT = "timeout"
 BLOCKLISTED = "blocklisted"
+LIMIT_REACHED = "limit_reached"
 
 
 class RendezvousError(ServiceError):
@@ -77,10 +78,19 @@ class BlocklistedError(RendezvousError):
     default_reason = BLOCKLISTED
 
 
+class LimitReachedError(RendezvousError):
+    """The orchestrator is at one of its limits (runs, watch streams, exchanges); the message
+    names the limit. Retried by the client: runs expire and streams close."""
+
+    default_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    default_reason = LIMIT_REACHED
+
+
 _BY_REASON: dict[str, type[RendezvousError]] = {
     STALE_GENERATION: GenerationChangedError,
     NODE_REMOVED: NodeRemovedError,
     RUN_FAILED: RunFailedError,
     TIMEOUT: RendezvousTimeoutError,
     BLOCKLISTED: BlocklistedError,
+    LIMIT_REACHED: LimitReachedError,
 }

@@ -12,17 +12,22 @@ A broken watch stream is the quicker sign: see :class:`WatchLoss`.
 from __future__ import annotations
 
 import collections
-from typing import Container
+from typing import Callable, Container
 
 
 class Liveness:
-    def __init__(self) -> None:
+    def __init__(self, on_first: Callable[[], None] = lambda: None) -> None:
+        """``on_first`` is called when a node is heard from while none could expire: a timer
+        that slept without a deadline must wake and set one."""
+        self._on_first = on_first
         self._last_seen: collections.OrderedDict[int, float] = collections.OrderedDict()
         self._held: collections.Counter[int] = collections.Counter()
 
     def touch(self, node_id: int, now: float) -> None:
         if self._held[node_id]:
             return
+        if not self._last_seen:
+            self._on_first()
         self._last_seen[node_id] = now
         self._last_seen.move_to_end(node_id)
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import prometheus_client as prom
 
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+
+_SERVICE = pb.DESCRIPTOR.services_by_name["Rendezvous"]
+_METHODS = frozenset(m.name for m in _SERVICE.methods)
+
 
 class Metrics:
     """Members, generation, waiting nodes, rendezvous durations and RPC counts."""
@@ -39,8 +44,23 @@ class Metrics:
     def rendezvous_done(self, run_id: str, seconds: float) -> None:
         self.rendezvous.labels(run_id).observe(seconds)
 
+    def forget_run(self, run_id: str) -> None:
+        """Drops a deleted run's series, so that expired runs do not pile up in /metrics."""
+        for metric in (self.members, self.generation, self.waiting, self.rendezvous):
+            try:
+                metric.remove(run_id)
+            except KeyError:
+                pass  # the run never had this series
+
     def rpc_done(self, method: str, code: str) -> None:
         self.rpcs.labels(method, code).inc()
+
+    def rpc_refused(self, path: str) -> None:
+        """Counts a call refused for its token, under its method's name; a path outside the
+        service counts as "other", so callers cannot make up labels."""
+        prefix = f"/{_SERVICE.full_name}/"
+        method = path[len(prefix):] if path.startswith(prefix) else ""
+        self.rpc_done(method if method in _METHODS else "other", "UNAUTHENTICATED")
 
     def serve(self, host: str, port: int) -> int:
         """Serves /metrics over HTTP; returns the port (``port`` 0 picks a free one)."""

@@ -62,7 +62,9 @@ class Run:
         self._events = events
         self._observer = observer
         self._committer = GroupCommitter(store, state.run_id, functools.partial(encode, state))
-        self._liveness = Liveness()
+        self._timer_wake = asyncio.Event()
+        # The timer sleeps while nothing is due: the first node heard from wakes it.
+        self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
         now = time.monotonic()
         for node_id in state.nodes:
@@ -77,8 +79,11 @@ class Run:
         self._version = 0
         self._watch_wake = asyncio.Event()
         self._join_wake = asyncio.Event()
-        self._timer_wake = asyncio.Event()
         self._timer: asyncio.Task | None = None
+        self._closed = False
+        # Since when the run has had no live node (None: it has one); see idle_for.
+        self._idle_since: float | None = None
+        self._note_idleness()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -94,9 +99,19 @@ class Run:
             self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
 
     async def close(self) -> None:
+        """Stops the timer, ends the watch streams and waits for the saves under way."""
+        self._closed = True
+        self._watch_wake = _woken(self._watch_wake)
         if self._timer is not None:
             self._timer.cancel()
             await asyncio.gather(self._timer, return_exceptions=True)
+        await asyncio.gather(self._committer.wait(self._committer.last_ticket),
+                             return_exceptions=True)
+
+    def idle_for(self, now: float) -> float:
+        """Seconds the run has had no live node (it ended, or all its nodes were removed);
+        0 while it has one. An idle run expires (see RendezvousService)."""
+        return 0.0 if self._idle_since is None else now - self._idle_since
 
     # ------------------------------------------------------------------ queries
 
@@ -173,7 +188,7 @@ class Run:
                 self._form(list(state.members) + self._admissible_ids(),
                            f"node {node_id} re-joined generation {state.generation}")
             elif (node_id not in state.members and node_id not in state.waiting
-                  and node_id not in state.removed):
+                  and not state.was_removed(node_id)):
                 self._enqueue(node)
         return await self._wait_for_generation(node, last_generation, timeout)
 
@@ -209,7 +224,7 @@ class Run:
             self._watch_loss.opened(node_id)
         try:
             sent = -1
-            while True:
+            while not self._closed:
                 wake = self._watch_wake
                 if self._version != sent:
                     sent = self._version
@@ -283,7 +298,7 @@ class Run:
         return dict(values)
 
     async def leave(self, node_id: int, reason: str) -> None:
-        if node_id in self._state.removed:
+        if self._state.was_removed(node_id):
             return
         self._check_not_failed()
         self._known_node(node_id)
@@ -352,7 +367,7 @@ class Run:
         try:
             while True:
                 self._check_not_failed()
-                if node.node_id in self._state.removed:
+                if self._state.was_removed(node.node_id):
                     raise NodeRemovedError(self._removed_message(node.node_id))
                 if self._is_active_member(node.node_id) and self._state.generation > after:
                     await self._committer.wait(self._formed_ticket)
@@ -390,7 +405,7 @@ class Run:
             raise RunFailedError(f"run {self._state.run_id!r} failed: {self._state.reason}")
 
     def _known_node(self, node_id: int) -> Node:
-        if node_id in self._state.removed:
+        if self._state.was_removed(node_id):
             raise NodeRemovedError(self._removed_message(node_id))
         node = self._state.nodes.get(node_id)
         if node is None:
@@ -401,7 +416,7 @@ class Run:
 
     def _removed_message(self, node_id: int) -> str:
         return (f"node {node_id} was removed from run {self._state.run_id!r} "
-                f"({self._state.removed[node_id]}); node ids are never reused: join without a "
+                f"({self._state.removal_cause(node_id)}); node ids are never reused: join without a "
                 f"node id to come back as a new node")
 
     def _is_active_member(self, node_id: int) -> bool:
@@ -592,7 +607,14 @@ class Run:
 
     def _save(self) -> int:
         """Saves a change that no watcher sees (an id given out, a completed gather)."""
+        self._note_idleness()
         return self._committer.mark()
+
+    def _note_idleness(self) -> None:
+        if not (self._state.phase.ended or not self._state.nodes):
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = time.monotonic()
 
     def _report_membership(self) -> None:
         state = self._state
@@ -628,14 +650,14 @@ class Run:
         while not self._state.phase.ended:
             now = time.monotonic()
             self._on_timers(now)
-            due = [now + 1.0]
+            due = []
             oldest = self._liveness.oldest()
             if oldest is not None:
                 due.append(oldest[1] + self._settings.heartbeat_timeout)
             due += [t for t in (self._last_call_at, self._state.below_min_at) if t is not None]
             due += self._watch_loss.deadlines()
             self._timer_wake.clear()
-            await _wait(self._timer_wake, max(0.0, min(due) - now) + 0.001)
+            await _wait(self._timer_wake, max(0.0, min(due) - now) + 0.001 if due else None)
 
     def _on_timers(self, now: float) -> None:
         settings = self._settings
@@ -672,8 +694,9 @@ def _woken(event: asyncio.Event) -> asyncio.Event:
     return asyncio.Event()
 
 
-async def _wait(event: asyncio.Event, timeout: float) -> None:
-    """Waits for ``event`` at most ``timeout`` seconds; the caller re-checks its condition."""
+async def _wait(event: asyncio.Event, timeout: float | None) -> None:
+    """Waits for ``event`` at most ``timeout`` seconds (None: no limit); the caller re-checks
+    its condition."""
     try:
         await asyncio.wait_for(event.wait(), timeout)
     except asyncio.TimeoutError:

@@ -21,6 +21,8 @@ from tensorflow_elastic.rendezvous.store import Snapshot
 from tensorflow_elastic.rendezvous.types import Phase
 
 SNAPSHOT_FORMAT = 1
+# Removal causes kept per run, the latest ones; an older removed id is still known as removed.
+MAX_REMOVED_KEPT = 1000
 
 
 @dataclasses.dataclass
@@ -96,7 +98,17 @@ class RunState:
         self.waiting.pop(node_id, None)
         self.nonces.pop(node.nonce, None)
         self.removed[node_id] = cause
+        while len(self.removed) > MAX_REMOVED_KEPT:
+            del self.removed[next(iter(self.removed))]
         return node
+
+    def was_removed(self, node_id: int) -> bool:
+        """Whether the id was given out and its node removed (ids are never reused)."""
+        return node_id not in self.nodes and 0 <= node_id < self.next_id
+
+    def removal_cause(self, node_id: int) -> str:
+        return self.removed.get(node_id, f"the cause is no longer kept: only the last "
+                                         f"{MAX_REMOVED_KEPT} removals are")
 
 
 def _new_blocklist(settings: RunSettings) -> Blocklist:

@@ -142,7 +142,8 @@ class Orchestrator:
         store = FileStore(self._state_dir) if self._state_dir else MemoryStore()
         service = RendezvousService(self._settings, store, self._events, self._metrics)
         await service.load()
-        interceptors = [auth.TokenInterceptor(self._token)] if self._token else []
+        interceptors = ([auth.TokenInterceptor(self._token, self._metrics.rpc_refused)]
+                        if self._token else [])
         server = grpc.aio.server(interceptors=interceptors, options=_SERVER_OPTIONS)
         server.add_generic_rpc_handlers((service.handler(),))
         health_servicer = health.aio.HealthServicer()

@@ -2,7 +2,10 @@
 
 Requests are validated here, before they reach a run, so a bad request never
 changes state; errors become gRPC status codes with the ``tfe-reason``
-trailing metadata the client turns back into exception classes.
+trailing metadata the client turns back into exception classes. Callers need
+no token unless one is set, so every size and count a caller can grow is
+capped (the limits below and in RunSettings), and runs without a live node
+expire.
 
 When a generation forms, every member's join returns and every watcher gets
 an update, all carrying the same member map (1,000 members: ~25 KB). The map
@@ -12,8 +15,11 @@ message followed by another field is that message with the field merged in.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import functools
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -23,7 +29,7 @@ from tensorflow_elastic.net import parse_address
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
-    UNKNOWN_RUN, InvalidArgumentError, RendezvousError)
+    UNKNOWN_RUN, InvalidArgumentError, LimitReachedError, RendezvousError)
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import Run, check_last_generation
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
@@ -32,8 +38,14 @@ from tensorflow_elastic.rendezvous.store import MembershipStore
 from tensorflow_elastic.rendezvous.types import MembershipUpdate
 
 MAX_RUN_ID = 128
+MAX_ADDRESS = 256
+MAX_NONCE = 64
 MAX_NAME = 256
 MAX_REASON = 1024
+# Status replies are cut to fit gRPC's default 4 MiB receive limit, with room for framing.
+MAX_REPLY_BYTES = 4 * 1024 * 1024 - 64 * 1024
+# The expiry sweep runs at least this often (more often for a short --run_expiry).
+_SWEEP_INTERVAL_S = 30.0
 MAX_NODES = 100_000
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
@@ -76,6 +88,10 @@ class RendezvousService:
         self._metrics = metrics
         self._runs: dict[str, Run] = {}
         self._encoded: dict[str, _Encoded] = {}
+        # Runs being deleted; a new run of the same id waits for its file to go.
+        self._deleting: dict[str, asyncio.Task] = {}
+        self._watches: collections.Counter[str] = collections.Counter()
+        self._sweeper: asyncio.Task | None = None
 
     async def load(self) -> None:
         """Restores the runs saved in the store and starts their timers; a run that cannot be
@@ -87,14 +103,63 @@ class RendezvousService:
                 self._store.set_aside(run_id, f"{type(e).__name__}: {e}")
                 continue
             self._add_run(state).start()
+        self._sweeper = asyncio.get_running_loop().create_task(self._expire_idle_runs())
 
     async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         for run in self._runs.values():
             await run.close()
+        await asyncio.gather(*self._deleting.values(), return_exceptions=True)
+
+    async def _expire_idle_runs(self) -> None:
+        """Deletes runs that have had no live node for ``run_expiry`` seconds, from memory and
+        store: ended jobs and abandoned runs must not pile up in a long-lived orchestrator."""
+        expiry = self._settings.run_expiry
+        while True:
+            await asyncio.sleep(min(expiry / 4, _SWEEP_INTERVAL_S))
+            now = time.monotonic()
+            for run_id, run in list(self._runs.items()):
+                if run.idle_for(now) >= expiry:
+                    self._delete(run_id)
+
+    def _delete(self, run_id: str) -> None:
+        run = self._runs.pop(run_id)
+        self._encoded.pop(run_id, None)
+        self._metrics.forget_run(run_id)
+
+        async def delete() -> None:
+            try:
+                await run.close()
+                await asyncio.get_running_loop().run_in_executor(None, self._store.delete, run_id)
+            finally:
+                del self._deleting[run_id]
+
+        self._deleting[run_id] = asyncio.get_running_loop().create_task(delete())
 
     def _add_run(self, state: RunState) -> Run:
         run = Run(state, self._settings, self._store, self._events, self._metrics)
         self._runs[state.run_id] = run
+        return run
+
+    async def _new_run(self, request: pb.JoinRequest) -> Run:
+        """The run a first join creates, once the run of that id being deleted is gone."""
+        deleting = self._deleting.get(request.run_id)
+        if deleting is not None:
+            await asyncio.gather(deleting, return_exceptions=True)
+        run = self._runs.get(request.run_id)  # another join may have created it meanwhile
+        if run is not None:
+            return run
+        limit = self._settings.max_runs
+        if len(self._runs) >= limit:
+            raise LimitReachedError(
+                f"this orchestrator serves {limit} runs, its most (max_runs); a run with no "
+                f"live node is deleted {self._settings.run_expiry:g} s after (run_expiry): "
+                f"try again later, or use another orchestrator")
+        run = self._add_run(RunState.new(request.run_id, request.min_nodes, request.max_nodes,
+                                         self._settings))
+        run.start()
         return run
 
     def _run(self, run_id: str) -> Run:
@@ -136,6 +201,7 @@ class RendezvousService:
     async def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinResponse:
         _check_run_id(request.run_id)
         _check_address(request.address)
+        _check_text("nonce", request.nonce, MAX_NONCE)
         if request.max_nodes < 1:
             raise InvalidArgumentError(f"max_nodes={request.max_nodes}: it must be at least 1")
         if not 1 <= request.min_nodes <= request.max_nodes:
@@ -156,9 +222,7 @@ class RendezvousService:
                     f"this orchestrator has no run {request.run_id!r}, so node id "
                     f"{request.node_id} is unknown; join without a node id", reason=UNKNOWN_RUN)
             check_last_generation(request.last_generation, 0)
-            run = self._add_run(RunState.new(request.run_id, request.min_nodes,
-                                             request.max_nodes, self._settings))
-            run.start()
+            run = await self._new_run(request)
         if not request.HasField("node_id"):
             run.start_afresh_if_ended(request.min_nodes, request.max_nodes)
         run.check_config(request.min_nodes, request.max_nodes)
@@ -187,10 +251,34 @@ class RendezvousService:
         except RendezvousError as e:
             self._metrics.rpc_done("Watch", e.code.name)
             await _abort(context, e)
+        peer = rpc.peer_host(context.peer())
+        try:
+            self._check_watch_limits(peer)
+        except RendezvousError as e:
+            self._metrics.rpc_done("Watch", e.code.name)
+            await _abort(context, e)
         self._metrics.rpc_done("Watch", "OK")
         node_id = request.node_id if request.HasField("node_id") else None
-        async for update in run.watch(node_id):
-            yield self._update(run, update)
+        self._watches[peer] += 1
+        try:
+            async for update in run.watch(node_id):
+                yield self._update(run, update)
+        finally:
+            self._watches[peer] -= 1
+            if not self._watches[peer]:
+                del self._watches[peer]
+
+    def _check_watch_limits(self, peer: str) -> None:
+        settings = self._settings
+        if self._watches[peer] >= settings.max_watches_per_peer:
+            raise LimitReachedError(
+                f"{peer} has {self._watches[peer]} watch streams open, the most one host may "
+                f"(max_watches_per_peer={settings.max_watches_per_peer}); close some, or "
+                f"watch from fewer processes")
+        if self._watches.total() >= settings.max_watches:
+            raise LimitReachedError(
+                f"this orchestrator has {self._watches.total()} watch streams open, its most "
+                f"(max_watches={settings.max_watches}); try again later")
 
     def _update(self, run: Run, update: MembershipUpdate) -> bytes:
         encoded = self._encode(run)
@@ -247,7 +335,9 @@ class RendezvousService:
     @_rpc
     async def Status(self, request: pb.StatusRequest, context: Any) -> pb.StatusResponse:
         runs = [self._run(request.run_id)] if request.run_id else list(self._runs.values())
-        return pb.StatusResponse(runs=[self._status(run) for run in runs])
+        reply = pb.StatusResponse(runs=[self._status(run) for run in runs])
+        fit_status(reply)
+        return reply
 
     def _status(self, run: Run) -> pb.RunStatus:
         s = run.status()
@@ -293,7 +383,45 @@ def _check_text(field: str, value: str, limit: int) -> None:
         raise InvalidArgumentError(f"{field} is {len(value)} characters long; the limit is {limit}")
 
 
+def fit_status(reply: pb.StatusResponse, limit: int = MAX_REPLY_BYTES) -> None:
+    """Cuts ``reply`` to ``limit`` bytes, so that any client can read it: halves the node list
+    (waiting nodes go first) and the history (oldest first) of the largest run until it fits,
+    and says so in a last history entry of each run it cut."""
+    if reply.ByteSize() <= limit:
+        return
+    left_out: dict[int, list[int]] = {}  # run index -> [nodes, history entries] left out
+    while reply.ByteSize() > limit:
+        index, run = max(enumerate(reply.runs), key=lambda item: item[1].ByteSize())
+        counts = left_out.setdefault(index, [0, 0])
+        if len(run.nodes) <= 1 and len(run.history) <= 1:
+            break  # nothing left to cut: the note below must still fit
+        if run.history and run.history[-1].event == _TRUNCATED:
+            run.history.pop()
+        nodes, history = len(run.nodes) // 2, len(run.history) // 2
+        del run.nodes[len(run.nodes) - nodes:]
+        del run.history[:history]
+        counts[0] += nodes
+        counts[1] += history
+        run.history.append(_truncation_note(*counts, limit))
+    for index, (nodes, history) in left_out.items():
+        run = reply.runs[index]
+        if run.history and run.history[-1].event == _TRUNCATED:
+            run.history.pop()
+        run.history.append(_truncation_note(nodes, history, limit))
+
+
+_TRUNCATED = "truncated"
+
+
+def _truncation_note(nodes: int, history: int, limit: int) -> pb.HistoryEntry:
+    return pb.HistoryEntry(
+        time=time.time(), event=_TRUNCATED,
+        detail=f"{nodes} nodes and {history} older history entries left out to keep the reply "
+               f"under {limit} bytes; ask for this run alone (--run_id), or read the events file")
+
+
 def _check_address(address: str) -> None:
+    _check_text("address", address, MAX_ADDRESS)
     try:
         parse_address(address)
     except ValueError:  # AddressError, or int() of a digit it cannot read (e.g. "²")

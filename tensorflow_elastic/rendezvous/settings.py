@@ -20,3 +20,8 @@ class RunSettings:
     blocklist_max_cooldown: float = 600.0
     max_value_bytes: int = 64 * 1024
     history_size: int = 100
+    # Limits of the orchestrator as a whole, against bad or hostile callers.
+    run_expiry: float = 600.0
+    max_runs: int = 1000
+    max_watches_per_peer: int = 2000
+    max_watches: int = 20_000

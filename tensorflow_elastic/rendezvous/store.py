@@ -46,6 +46,11 @@ class MembershipStore(abc.ABC):
     def save(self, run_id: str, snapshot: Snapshot) -> None:
         """Stores a run's snapshot; durable when it returns. Called off the event loop."""
 
+    @abc.abstractmethod
+    def delete(self, run_id: str) -> None:
+        """Forgets a run (it expired); durable when it returns. Called off the event loop,
+        never while a save of the run is under way."""
+
 
 class MemoryStore(MembershipStore):
     """No persistence: state lives as long as the process (no --state_dir)."""
@@ -56,6 +61,9 @@ class MemoryStore(MembershipStore):
         return {}
 
     def save(self, run_id: str, snapshot: Snapshot) -> None:
+        pass
+
+    def delete(self, run_id: str) -> None:
         pass
 
     def set_aside(self, run_id: str, reason: str) -> None:
@@ -123,6 +131,16 @@ class FileStore(MembershipStore):
         except BaseException:
             os.unlink(tmp)
             raise
+        self._sync_directory()
+
+    def delete(self, run_id: str) -> None:
+        try:
+            os.unlink(self._path(run_id))
+        except FileNotFoundError:
+            return
+        self._sync_directory()
+
+    def _sync_directory(self) -> None:
         dir_fd = os.open(self.directory, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

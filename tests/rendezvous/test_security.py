@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+import urllib.request
 
 import grpc
 import pytest
 
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
-from tensorflow_elastic.rendezvous import Client, RendezvousError
+from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
 
 pytestmark = pytest.mark.multiprocess
 
@@ -32,6 +34,31 @@ def test_token_rejected_without_leaking(start_orchestrator, nodes_for, tmp_path)
         intruder.close()
     [run] = member.status()
     assert len(run.membership.members) == 1 and run.state == "ACTIVE"
+
+
+def test_refused_calls_are_counted_by_method_and_logged_once_per_peer(start_orchestrator,
+                                                                     tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    server = start_orchestrator("--token_file", str(token_file), "--metrics_port", "0")
+    [metrics_url] = [line.split("metrics on ", 1)[1].strip() for line in server.output
+                     if line.startswith("metrics on ")]
+    with Client(server.endpoint, "job", "wrong", retry_timeout=1) as intruder:
+        for call in [intruder.status] * 5 + [lambda: intruder.join("127.0.0.1:1", 1, 2, 5)] * 3:
+            with pytest.raises(RendezvousError):
+                call()
+    with grpc.insecure_channel(server.endpoint) as channel:  # a method nobody serves
+        with pytest.raises(grpc.RpcError):
+            channel.unary_unary("/tensorflow_elastic.Rendezvous/Nothing")(b"", timeout=10)
+    with urllib.request.urlopen(metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    assert 'tfelastic_rpcs_total{code="UNAUTHENTICATED",method="Status"} 5.0' in text
+    assert 'tfelastic_rpcs_total{code="UNAUTHENTICATED",method="Join"} 3.0' in text
+    assert 'tfelastic_rpcs_total{code="UNAUTHENTICATED",method="other"} 1.0' in text
+    logged = server.wait_for_line("refused calls without the right token from 127.0.0.1")
+    assert "Status" in logged or "Join" in logged
+    time.sleep(0.5)
+    assert sum("without the right token" in line for line in server.output) == 1
 
 
 def test_tls_round_trip(start_orchestrator, tls_files):
@@ -158,3 +185,16 @@ def test_insecure_allows_every_interface_with_a_warning():
         proc.kill()
         proc.wait(10)
     assert lines[0].startswith("warning: no token") and lines[1].startswith("listening on 0.0.0.0:")
+def test_refusals_of_one_peer_are_logged_once_per_interval_with_their_count(caplog):
+    now = [0.0]
+    log = auth.RefusalLog(clock=lambda: now[0])
+    with caplog.at_level("WARNING", logger=auth.__name__):
+        for _ in range(5):
+            log.refused("ipv4:10.0.0.5:4242", "/tensorflow_elastic.Rendezvous/Join")
+        log.refused("ipv6:[::1]:4243", "/tensorflow_elastic.Rendezvous/Status")
+        now[0] = auth.REFUSAL_LOG_INTERVAL_S
+        log.refused("ipv4:10.0.0.5:4299", "/tensorflow_elastic.Rendezvous/Leave")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert "from 10.0.0.5: 1 since" in lines[0] and "from ::1: 1 since" in lines[1]
+    assert "from 10.0.0.5: 5 since" in lines[2] and "Leave" in lines[2]

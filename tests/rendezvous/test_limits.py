@@ -1,0 +1,179 @@
+"""Bad or hostile input cannot make the orchestrator grow without bound: sizes and counts are
+capped, idle runs expire, and an idle run costs no timer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import grpc
+import pytest
+
+from tensorflow_elastic.observability.events import EventLog
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+from tensorflow_elastic.rendezvous import (Client, NodeRemovedError,
+                                           Orchestrator, RendezvousError, RunSettings, service)
+from tensorflow_elastic.rendezvous.metrics import Metrics
+from tensorflow_elastic.rendezvous.run import Run
+from tensorflow_elastic.rendezvous import run_state
+from tensorflow_elastic.rendezvous.run_state import Node, RunState
+from tensorflow_elastic.rendezvous.store import MemoryStore
+
+from tests.conftest import wait_until
+
+
+def _join(stub: pb_grpc.RendezvousStub, run_id: str = "job", **fields: object) -> pb.JoinResponse:
+    request = dict(run_id=run_id, address="127.0.0.1:20001", min_nodes=1, max_nodes=2,
+                   timeout_s=5, register_only=True)
+    request.update(fields)
+    return stub.Join(pb.JoinRequest(**request), timeout=10)
+
+
+@pytest.fixture
+def serve():
+    """Starts in-process orchestrators with the given settings; yields (server, stub)."""
+    started: list[tuple[Orchestrator, grpc.Channel]] = []
+
+    def start(state_dir: str | None = None, **settings: object):
+        server = Orchestrator(state_dir=state_dir, settings=RunSettings(**settings)).start()
+        channel = grpc.insecure_channel(server.endpoint)
+        started.append((server, channel))
+        return server, pb_grpc.RendezvousStub(channel)
+
+    yield start
+    for server, channel in started:
+        channel.close()
+        server.stop()
+
+
+@pytest.mark.parametrize("field", ["address", "nonce"])
+def test_an_oversized_address_or_nonce_is_refused_and_creates_no_run(serve, field):
+    value = {"address": lambda: "h" * service.MAX_ADDRESS + ":2222",
+             "nonce": lambda: "n" * (service.MAX_NONCE + 1)}[field]()
+    server, stub = serve()
+    with pytest.raises(grpc.RpcError) as info:
+        _join(stub, **{field: value})
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"limit is {getattr(service, 'MAX_' + field.upper())}" in info.value.details()
+    assert len(info.value.details()) < 1000  # the reply does not echo the input back
+    assert stub.Status(pb.StatusRequest(), timeout=10).runs == []
+
+
+def test_runs_beyond_the_limit_are_refused(serve):
+    server, stub = serve(max_runs=3)
+    for i in range(3):
+        _join(stub, f"run-{i}")
+    with pytest.raises(grpc.RpcError) as info:
+        _join(stub, "run-3")
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_runs" in info.value.details()
+    _join(stub, "run-0")  # an existing run is served as before
+    assert len(stub.Status(pb.StatusRequest(), timeout=10).runs) == 3
+
+
+def test_an_ended_run_expires_from_memory_and_store(serve, tmp_path):
+    server, stub = serve(state_dir=str(tmp_path), run_expiry=0.5, heartbeat_timeout=30)
+    with Client(server.endpoint, "done") as done, Client(server.endpoint, "busy") as busy:
+        done.join("127.0.0.1:20001", 1, 1, timeout=10)
+        busy.join("127.0.0.1:20002", 1, 1, timeout=10)
+        assert len(os.listdir(tmp_path)) == 2
+        done.leave("job complete")
+        wait_until(lambda: [r.run_id for r in busy.status(all_runs=True)] == ["busy"],
+                   timeout=10, what="the completed run to expire")
+        assert len(os.listdir(tmp_path)) == 1
+        time.sleep(1.0)
+        assert busy.heartbeat().member  # a run with a live node stays
+    with Client(server.endpoint, "done") as next_job:  # the run id is free for a new job
+        assert next_job.join("127.0.0.1:20003", 1, 1, timeout=10).generation == 1
+
+
+def test_a_run_whose_nodes_were_all_removed_expires(serve):
+    server, stub = serve(run_expiry=0.5, heartbeat_timeout=0.5)
+    _join(stub, "abandoned")  # registers a node that never heartbeats
+    wait_until(lambda: not stub.Status(pb.StatusRequest(), timeout=10).runs, timeout=10,
+               what="the abandoned run to expire")
+
+
+def test_watch_streams_are_capped_per_peer_and_a_closed_one_frees_its_slot(serve):
+    server, stub = serve(max_watches_per_peer=3)
+    _join(stub)
+    streams = [stub.Watch(pb.WatchRequest(run_id="job"), timeout=30) for _ in range(3)]
+    for stream in streams:
+        next(stream)
+    refused = stub.Watch(pb.WatchRequest(run_id="job"), timeout=30)
+    with pytest.raises(grpc.RpcError) as info:
+        next(refused)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "max_watches_per_peer" in info.value.details()
+    streams.pop().cancel()
+    wait_until(lambda: _watch_opens(stub), timeout=10, what="a freed watch slot")
+
+
+def _watch_opens(stub: pb_grpc.RendezvousStub) -> bool:
+    stream = stub.Watch(pb.WatchRequest(run_id="job"), timeout=30)
+    try:
+        next(stream)
+        return True
+    except grpc.RpcError:
+        return False
+    finally:
+        stream.cancel()
+
+
+def _state_with_removed(count: int) -> RunState:
+    """A run whose nodes 0..count-1 were given out and removed, in that order."""
+    state = RunState.new("job", 1, 2, RunSettings())
+    for node_id in range(count):
+        state.add_node(Node(node_id, f"127.0.0.1:{20000 + node_id}", f"n{node_id}"))
+        state.next_id = node_id + 1
+        state.remove_node(node_id, "left")
+    return state
+
+
+def test_removed_nodes_kept_are_bounded_and_a_pruned_one_is_still_removed():
+    state = _state_with_removed(run_state.MAX_REMOVED_KEPT + 10)
+    assert len(state.removed) == run_state.MAX_REMOVED_KEPT and 0 not in state.removed
+    assert state.was_removed(0) and state.was_removed(run_state.MAX_REMOVED_KEPT + 9)
+    assert not state.was_removed(run_state.MAX_REMOVED_KEPT + 10)  # never given out
+    assert "no longer kept" in state.removal_cause(0)
+
+
+def test_a_node_whose_removal_was_pruned_is_told_it_was_removed():
+    state = _state_with_removed(run_state.MAX_REMOVED_KEPT + 1)
+    run = Run(state, RunSettings(), MemoryStore(), EventLog(None), Metrics())
+    with pytest.raises(NodeRemovedError) as info:
+        run.heartbeat(0, 0)
+    assert "node 0 was removed" in info.value.message
+    with pytest.raises(RendezvousError) as info:
+        run.heartbeat(run_state.MAX_REMOVED_KEPT + 1, 0)
+    assert "never given out" in info.value.message
+
+
+def test_an_idle_run_wakes_no_timer():
+    async def main() -> int:
+        run = Run(RunState.new("job", 1, 2, RunSettings()), RunSettings(), MemoryStore(),
+                  EventLog(None), Metrics())
+        wakes = []
+        run._on_timers = wakes.append  # noqa: SLF001 - counts the timer's rounds
+        run.start()
+        await asyncio.sleep(2.5)
+        await run.close()
+        return len(wakes)
+
+    assert asyncio.run(main()) <= 1
+
+
+def test_a_status_reply_too_large_is_cut_to_fit_with_a_note():
+    nodes = [pb.NodeStatus(node_id=i, address="h" * 250 + ":2222", role="waiting")
+             for i in range(20_000)]
+    history = [pb.HistoryEntry(event="node_left", detail="d" * 1000) for _ in range(2_000)]
+    reply = pb.StatusResponse(runs=[pb.RunStatus(run_id=f"run-{i}", nodes=nodes, history=history)
+                                    for i in range(2)])
+    assert reply.ByteSize() > service.MAX_REPLY_BYTES
+    service.fit_status(reply)
+    assert 0 < reply.ByteSize() <= service.MAX_REPLY_BYTES
+    for run in reply.runs:
+        assert run.nodes and run.history[-1].event == "truncated"
+        assert "left out" in run.history[-1].detail
