@@ -111,7 +111,7 @@ class LauncherJob(Job):
                       "--save_every", str(save_every)]
         self.launcher = LauncherProcess(
             [sys.executable, "-m", "tensorflow_elastic.distributed.launch", "--standalone",
-             f"--nnodes={nnodes}", f"--nproc_per_node={workers}", f"--elastic_mode={mode}",
+             f"--nworkers={nnodes}", f"--nproc_per_node={workers}", f"--elastic_mode={mode}",
              f"--monitor_interval={poll_s}", "--stop_timeout=5",
              f"--events_file={os.path.join(tmp, 'events.jsonl')}",
              WORKER, *script, "--steps", str(STEPS)], self.env)

@@ -1,6 +1,6 @@
 """An elastic-aware custom training loop: nodes come and go inside the running processes.
 
-    tfelastic-run --standalone --nnodes 2:3 --nproc_per_node 3 examples/custom_loop.py --steps 300
+    tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 examples/custom_loop.py --steps 300
 
 A small regression model on synthetic data (no downloads). Each global step
 reads its slice of a global batch by rank (GlobalBatchSlice), so no sample is

@@ -33,7 +33,7 @@ def main() -> int:
     events_file = os.path.join(tempfile.mkdtemp(prefix="tfelastic-demo-"), "events.jsonl")
     launcher = subprocess.Popen(
         [sys.executable, "-m", "tensorflow_elastic.distributed.launch", "--standalone",
-         "--nnodes=2:3", "--nproc_per_node=3", "--max_restarts=1", f"--events_file={events_file}",
+         "--nworkers=2:3", "--nproc_per_node=3", "--max_restarts=1", f"--events_file={events_file}",
          "--progress_interval=10", os.path.join(HERE, "custom_loop.py"), f"--steps={args.steps}"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))

@@ -1,6 +1,6 @@
 """An elastic Keras `model.fit`: nodes come and go inside the running processes.
 
-    tfelastic-run --standalone --nnodes 2:3 --nproc_per_node 3 examples/keras_fit.py --epochs 5
+    tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 examples/keras_fit.py --epochs 5
 
 A small classifier on synthetic data (no downloads), built and compiled under
 the elastic strategy's scope and trained with `tfe.keras.fit_elastic`, which

@@ -112,7 +112,7 @@ class LocalAgent:
 
     def _run(self) -> AgentResult:
         if self.spec.rdzv_endpoint:
-            self._info("rendezvous at %s (run %s, nodes %d:%d)", self.spec.rdzv_endpoint,
+            self._info("rendezvous at %s (run %s, workers %d:%d)", self.spec.rdzv_endpoint,
                        self.spec.run_id, self.spec.min_nodes, self.spec.max_nodes)
         try:
             self.elasticity.rendezvous()

@@ -55,20 +55,24 @@ the PS at --ps_address holds the membership, and each process restarts alone.
 
 _EPILOG = """\
 examples:
-  # everything on this machine: an embedded orchestrator and 3 workers
-  tfelastic-run --standalone --nnodes 2:3 --nproc_per_node 3 train.py
+  # everything on this machine: an embedded orchestrator and 3 workers that go on with 2
+  tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 train.py
 
-  # an orchestrator alone, then one launcher per machine
+  # an orchestrator alone, then one launcher per machine: 2 to 3 machines, 4 workers each
   tfelastic-run --standalone --rdzv_endpoint=localhost:5555 start
   tfelastic-run --monitor_interval=5 --address=$(hostname -i):5556 --nnodes=2:3 \\
-      --rdzv_endpoint=localhost:5555 train.py
+      --nproc_per_node=4 --rdzv_endpoint=localhost:5555 train.py
 
   # asynchronous parameter-server mode: one PS, then workers (here or elsewhere)
   tfelastic-run --role ps --ps_address 127.0.0.1:7070 --ps_checkpoint_dir ckpt train.py
   tfelastic-run --role worker --ps_address 127.0.0.1:7070 --nproc_per_node 3 train.py
 
-Node counts (--nnodes) count worker processes over all machines: each worker
-is one node of the orchestrator. Output lines are prefixed with the node id.
+As in torchrun, --nnodes counts nodes (launchers, one per machine), each with
+--nproc_per_node workers: the job has MIN*N to MAX*N worker processes, and a
+machine's loss takes all of its workers. Each worker is one member of the
+orchestrator (its "node id" prefixes its output lines); --nworkers sets the
+worker bounds directly, e.g. for one machine whose job may go on with fewer
+workers, or machines with different numbers of workers.
 A failed run prints a root-cause summary (first failure, its traceback).
 """
 
@@ -83,10 +87,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the orchestrator (default: {DEFAULT_ENDPOINT}; with --standalone the "
                    f"address to serve at)")
     p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
-                   help="worker processes in the whole job: N, or MIN:MAX to start at MIN and "
-                   "grow to MAX (default: %(default)s)")
+                   help="nodes (launchers, usually machines) in the job: N, or MIN:MAX to start "
+                   "at MIN and grow to MAX; the job has MIN*N to MAX*N workers with N "
+                   "--nproc_per_node (default: %(default)s)")
     p.add_argument("--nproc_per_node", type=int, default=1, metavar="N",
                    help="worker processes this launcher runs (default: %(default)s)")
+    p.add_argument("--nworkers", metavar="MIN:MAX",
+                   help="worker processes in the whole job, in place of --nnodes x "
+                   "--nproc_per_node (every launcher of the job gives the same)")
     p.add_argument("--monitor_interval", type=float, default=1.0, metavar="S",
                    help="seconds between checks of the workers (default: %(default)s)")
     p.add_argument("--address", metavar="HOST[:PORT]",
@@ -201,10 +209,16 @@ def _check_tls_args(args: argparse.Namespace) -> None:
 def _check_args(args: argparse.Namespace) -> tuple[int, int]:
     _check_role_args(args)
     _check_tls_args(args)
+    if args.nproc_per_node < 1:
+        _die(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
     if args.role != COLLECTIVE:
-        args.nnodes = str(args.nproc_per_node)
+        args.nworkers = str(args.nproc_per_node)
     try:
-        min_nodes, max_nodes = parse_nnodes(args.nnodes)
+        if args.nworkers:
+            min_nodes, max_nodes = parse_nnodes(args.nworkers, "--nworkers")
+        else:
+            low, high = parse_nnodes(args.nnodes)
+            min_nodes, max_nodes = low * args.nproc_per_node, high * args.nproc_per_node
         if args.rdzv_endpoint:
             net.parse_address(args.rdzv_endpoint, allow_port_zero=True)
         if args.address:
@@ -215,11 +229,9 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
                  "exit_barrier_timeout", "progress_interval"):
         if getattr(args, flag) <= 0:
             _die(f"--{flag} must be > 0, got {getattr(args, flag)}")
-    if args.nproc_per_node < 1:
-        _die(f"--nproc_per_node must be >= 1, got {args.nproc_per_node}")
     if args.nproc_per_node > max_nodes:
-        _die(f"--nproc_per_node={args.nproc_per_node} is more than the --nnodes maximum "
-             f"{max_nodes}; raise --nnodes")
+        _die(f"--nproc_per_node={args.nproc_per_node} is more than the --nworkers maximum "
+             f"{max_nodes}; raise --nworkers")
     if args.max_restarts < 0:
         _die(f"--max_restarts must be >= 0, got {args.max_restarts}")
     if args.script == ORCHESTRATOR_ONLY:

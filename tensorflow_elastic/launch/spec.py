@@ -75,7 +75,7 @@ class WorkerSpec:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
         if self.nproc_per_node > self.max_nodes:
             raise ValueError(f"nproc_per_node={self.nproc_per_node} workers would exceed "
-                             f"max_nodes={self.max_nodes}; raise the maximum of --nnodes")
+                             f"max_nodes={self.max_nodes} worker processes; raise --nworkers")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.monitor_interval <= 0:
@@ -112,7 +112,7 @@ class WorkerSpec:
                          "and is restarted on every membership change")
 
 
-def parse_nnodes(value: str) -> tuple[int, int]:
+def parse_nnodes(value: str, flag: str = "--nnodes") -> tuple[int, int]:
     """'N' or 'MIN:MAX' -> (min, max), with a message that says what is wrong."""
     parts = value.split(":")
     try:
@@ -123,9 +123,9 @@ def parse_nnodes(value: str) -> tuple[int, int]:
         else:
             raise ValueError
     except ValueError:
-        raise ValueError(f"--nnodes must be N or MIN:MAX (e.g. 2:4), got {value!r}") from None
+        raise ValueError(f"{flag} must be N or MIN:MAX (e.g. 2:4), got {value!r}") from None
     if low < 1 or low > high:
-        raise ValueError(f"--nnodes {value}: need 1 <= MIN <= MAX")
+        raise ValueError(f"{flag} {value}: need 1 <= MIN <= MAX")
     return low, high
 
 

@@ -198,7 +198,7 @@ class Supervisor:
         args = self.args
         launch = ["-m", "tensorflow_elastic.launch.launcher",
                   "--rdzv_endpoint", self.endpoint, "--run_id", args.run_id,
-                  "--nnodes", f"{args.min_nodes}:{args.max_nodes}",
+                  "--nworkers", f"{args.min_nodes}:{args.max_nodes}",
                   "--nproc_per_node", str(slots), "--address", host,
                   "--max_restarts", str(args.max_restarts),
                   "--monitor_interval", str(args.monitor_interval),

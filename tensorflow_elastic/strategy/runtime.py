@@ -173,7 +173,7 @@ def ensure_initialized(min_nodes: int | None = None, max_nodes: int | None = Non
         if asked is not None and asked != actual:
             raise ValueError(
                 f"{name}={asked} differs from the job's {name}={actual} (set by "
-                f"tensorflow_elastic.init() or the launcher's --nnodes); pass the same bounds "
+                f"tensorflow_elastic.init() or the launcher's --nnodes/--nworkers); pass the same bounds "
                 f"or leave them out")
     return _runtime
 

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.multiprocess
 @pytest.mark.parametrize("args, reason", [
     (["--nnodes", "3:2", "SCRIPT"], "need 1 <= MIN <= MAX"),
     (["--nnodes", "two", "SCRIPT"], "--nnodes must be N or MIN:MAX"),
-    (["--nnodes", "2", "--nproc_per_node", "3", "SCRIPT"], "more than the --nnodes maximum"),
+    (["--nworkers", "2", "--nproc_per_node", "3", "SCRIPT"], "more than the --nworkers maximum"),
+    (["--nworkers", "1:x", "SCRIPT"], "--nworkers must be N or MIN:MAX"),
     (["--max_restarts", "-1", "SCRIPT"], "--max_restarts must be >= 0"),
     (["--rdzv_endpoint", "nowhere", "SCRIPT"], "expected HOST:PORT"),
     (["missing_script.py"], "script 'missing_script.py' not found"),
@@ -54,7 +55,7 @@ def test_crashing_worker_is_restarted_up_to_the_limit_then_fails_with_root_cause
 
 def test_sigterm_is_forwarded_and_the_launcher_leaves_gracefully(start, scripts, tmp_path):
     events_file = tmp_path / "events.jsonl"
-    proc = start("--standalone", "--nproc_per_node", "2", "--nnodes", "1:2",
+    proc = start("--standalone", "--nproc_per_node", "2", "--nworkers", "1:2",
                  "--elastic_mode", "restart", "--monitor_interval", "0.2",
                  "--events_file", str(events_file), scripts.plain, "--max_seconds", "100")
     proc.wait_for(r'"world": 2', count=2)
@@ -68,7 +69,7 @@ def test_sigterm_is_forwarded_and_the_launcher_leaves_gracefully(start, scripts,
 
 
 def test_in_process_workers_inherit_their_port_held(start, scripts):
-    proc = start("--standalone", "--nproc_per_node", "2", "--nnodes", "2",
+    proc = start("--standalone", "--nproc_per_node", "2", "--nnodes", "1",
                  "--elastic_mode", "in_process", scripts.plain, "--seconds", "0.1")
     assert proc.wait() == 0, proc.output
     lines = [json.loads(m.group(1)) for m in proc.wait_for(r"^\[worker \d\] (\{.*\})$", count=2)]
@@ -111,3 +112,10 @@ def test_help_explains_both_kinds_of_scripts(start):
                  "--monitor_interval", "--address", "--max_restarts", "--run_id", "--events_file"):
         assert flag in proc.output
     assert "MultiWorkerMirroredStrategy" in proc.output and "TF_CONFIG" in proc.output
+
+
+def test_nnodes_counts_nodes_each_with_nproc_per_node_workers_as_in_torchrun(start, scripts):
+    proc = start("--standalone", "--nnodes", "1:2", "--nproc_per_node", "2", scripts.plain)
+    proc.wait_for(r"\(run default, workers 2:4\)")
+    proc.wait_for(r"\[agent\] worker \d started", count=2)
+    assert len(proc.worker_pids()) == 2

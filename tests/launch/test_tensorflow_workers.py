@@ -60,7 +60,7 @@ def test_seed_usage_two_launchers_then_a_preempted_one_leaves_gracefully(start, 
 
 def test_killed_elastic_worker_comes_back_as_a_new_node_and_the_plot_shows_it(start, tmp_path):
     events_file = tmp_path / "events.jsonl"
-    proc = start("--standalone", "--nnodes=2:3", "--nproc_per_node=3", "--max_restarts=1",
+    proc = start("--standalone", "--nworkers=2:3", "--nproc_per_node=3", "--max_restarts=1",
                  "--monitor_interval=0.5", f"--events_file={events_file}", CUSTOM_LOOP,
                  "--steps=240", "--step_sleep=0.05")
     proc.wait_for(r"\] step 50 loss")
@@ -98,7 +98,7 @@ def test_killed_elastic_worker_comes_back_as_a_new_node_and_the_plot_shows_it(st
 
 def test_keras_fit_example_trains_under_the_launcher_and_its_loss_falls(start, tmp_path):
     events_file = tmp_path / "events.jsonl"
-    proc = start("--standalone", "--nnodes=2:3", "--nproc_per_node=3", "--monitor_interval=0.5",
+    proc = start("--standalone", "--nworkers=2:3", "--nproc_per_node=3", "--monitor_interval=0.5",
                  f"--events_file={events_file}", KERAS_FIT, "--epochs=3", "--steps_per_epoch=20")
     assert proc.wait(90) == 0, proc.output
     assert "in-process elasticity" in proc.output
@@ -123,7 +123,7 @@ def test_keras_fit_example_trains_under_the_launcher_and_its_loss_falls(start, t
 def test_plain_mwms_script_survives_a_kill_and_resumes_from_its_backup(start, scripts, tmp_path):
     backup = tmp_path / "backup"
     events_file = tmp_path / "events.jsonl"
-    proc = start("--standalone", "--nnodes=2", "--nproc_per_node=2", "--monitor_interval=0.5",
+    proc = start("--standalone", "--nnodes=1", "--nproc_per_node=2", "--monitor_interval=0.5",
                  f"--events_file={events_file}", scripts.mwms, str(backup), "40", "0.1")
     assert "[agent] restart elasticity: the script does not call" in \
         proc.wait_for(r"\[agent\] restart elasticity")[0].string
@@ -153,7 +153,7 @@ def test_a_secured_job_passes_its_token_and_tls_trust_down_to_every_worker(start
                       "runtime = tfe.init()\n"
                       "print(f'joined as node {runtime.node_id} of generation "
                       "{runtime.generation}', flush=True)\n")
-    proc = start("--standalone", "--nnodes=2:2", "--nproc_per_node=2", "--tls_cert", cert,
+    proc = start("--standalone", "--nnodes=1", "--nproc_per_node=2", "--tls_cert", cert,
                  "--tls_key", key, "--token_file", str(token), str(script))
     assert proc.wait(180) == 0, proc.output
     joined = proc.wait_for(r"joined as node (\d+) of generation 1", count=2)
