@@ -46,24 +46,22 @@ def text(name: str, default: str | None = None) -> str | None:
 
 def number(name: str, default: float) -> float:
     """The variable as a float, with an error that names it when it is not one."""
-    value = os.environ.get(name)
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"${name}={value!r} is not a number") from None
+    return _parsed(name, default, float, "a number")
 
 
 def integer(name: str, default: int) -> int:
     """The variable as an int, with an error that names it when it is not one."""
+    return _parsed(name, default, int, "a whole number")
+
+
+def _parsed(name: str, default, convert, kind: str):
     value = os.environ.get(name)
     if not value:
         return default
     try:
-        return int(value)
+        return convert(value)
     except ValueError:
-        raise ValueError(f"${name}={value!r} is not a whole number") from None
+        raise ValueError(f"${name}={value!r} is not {kind}") from None
 
 
 def pop(name: str) -> str | None:

@@ -1,7 +1,8 @@
-"""The orchestrator: the membership service of elastic runs, and its client.
+"""Membership: the orchestrator of elastic runs, its client, and the session a worker holds.
 
 Server side: server (gRPC) -> service (checks requests) -> run (the generation state machine),
-which keeps run_state (saved via store), gathers, liveness and blocklist; client.py calls it.
+which keeps run_state (saved via store), gathers, liveness and blocklist; client.py calls it,
+and session.py (TensorFlow-free) runs a worker's join / heartbeat / watch / re-form protocol.
 
 >>> from tensorflow_elastic.rendezvous import Client, Orchestrator
 >>> with Orchestrator("127.0.0.1", 0) as server:          # embedded, as --standalone does

@@ -87,6 +87,8 @@ BAD_REQUESTS = [
     ("max < 1", lambda m: _join(min_nodes=0, max_nodes=0), "INVALID_ARGUMENT",
      "must be at least 1"),
     ("bad address", lambda m: _join(address="nohost"), "INVALID_ARGUMENT", "is not HOST:PORT"),
+    ("a port of 6 digits", lambda m: _join(address="h:" + "9" * 6), "INVALID_ARGUMENT",
+     "is not HOST:PORT"),
     ("no timeout", lambda m: _join(timeout_s=0), "INVALID_ARGUMENT", "must be > 0"),
     ("other nnodes", lambda m: _join(max_nodes=5), "FAILED_PRECONDITION",
      "start every node with the same --nnodes"),
