@@ -151,7 +151,8 @@ def test_bad_requests_get_clear_errors_are_counted_and_change_nothing(server_fac
                          reregister=False)
         assert error.code == grpc.StatusCode.NOT_FOUND and "register" in error.message
         stranger.close()
-        malformed = pb.PushRequest(run_id="default", worker_id=client.worker_id, version=0,
+        malformed = pb.PushRequest(run_id="default", worker_id=client.worker_id,
+                                   worker_secret=client.worker_secret, version=0,
                                    gradients=[pb.RawTensor(dtype="float32", shape=[4, 2],
                                                            data=b"123")] * 2)
         error = bad_call(client, client._call, client._stub.Push, malformed)
@@ -314,3 +315,4 @@ def test_ps_events_carry_the_parameter_version_and_no_membership_generation(serv
     assert recorded[events.STEP]["version"] == recorded[events.STEP]["step"] == 1
     assert recorded[events.NODE_LEFT]["version"] == 1
     assert all(e["generation"] is None for e in recorded.values())
+

@@ -1,0 +1,108 @@
+"""Who may call a parameter server: the shared token, TLS, and a worker's proof of being itself."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+
+import grpc
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tensorflow_elastic.proto import parameter_server_pb2 as pb
+from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
+from tensorflow_elastic.ps.client import PSClient
+from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps.errors import NOT_THE_WORKER, UNAUTHENTICATED, PSError
+from tensorflow_elastic.ps.server import ParameterServer
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture
+def start_ps():
+    servers = []
+
+    def start(**options) -> ParameterServer:
+        server = ParameterServer([tf.Variable(np.ones(4, np.float32))],
+                                 tf.keras.optimizers.SGD(0.1), PSConfig(policy="fifo"),
+                                 lease_timeout=30.0, **options)
+        servers.append(server.start())
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def client_for(server: ParameterServer, **options) -> PSClient:
+    return PSClient(server.address, server.run_id, call_timeout=10.0, reconnect_timeout=2.0,
+                    **options)
+
+
+def test_calls_without_the_token_are_unauthenticated_counted_and_logged_once(start_ps, caplog):
+    server = start_ps(token=TOKEN)
+    caplog.set_level(logging.WARNING, logger="tensorflow_elastic.ps.refusals")
+    for token in (None, "wrong", TOKEN + "x"):
+        with client_for(server, token=token) as stranger:
+            for call in (stranger.register, stranger.status,
+                         lambda: stranger.configure(synch_block_size=1)):
+                with pytest.raises(PSError) as e:
+                    call()
+                assert e.value.code == grpc.StatusCode.UNAUTHENTICATED
+                assert e.value.reason == UNAUTHENTICATED and "token" in e.value.message
+    assert server.live_workers() == [] and server.master.config.synch_block_size == 1
+    with client_for(server, token=TOKEN) as member:
+        member.register()
+        member.configure(asynch_max=3)
+        stats = json.loads(member.status().stats_json)
+    assert stats["bad_requests"] == {UNAUTHENTICATED: 9}
+    assert server.master.config.asynch_max == 3
+    lines = [r for r in caplog.records if UNAUTHENTICATED in r.getMessage()]
+    assert len(lines) == 1  # a flood is one line per interval, not one per call
+
+
+def test_a_leave_with_a_guessed_worker_id_is_refused_and_the_job_goes_on(start_ps):
+    server = start_ps()
+    with client_for(server) as worker, client_for(server) as intruder:
+        worker.register()
+        stub = pb_grpc.ParameterServerStub(intruder._channel)
+        for secret in ("", "0" * len(worker.worker_secret)):
+            with pytest.raises(grpc.RpcError) as e:
+                stub.Leave(pb.LeaveRequest(run_id=server.run_id, worker_id=worker.worker_id,
+                                           worker_secret=secret, finished=True), timeout=10)
+            assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        intruder.worker_id = worker.worker_id  # a stolen id alone does not re-register it
+        with pytest.raises(PSError) as refused:
+            intruder.register()
+        assert refused.value.reason == NOT_THE_WORKER
+        assert server.live_workers() == [worker.worker_id] and server.registry.finished == 0
+        assert worker.heartbeat().version == 0
+        worker.leave(finished=True)
+    assert server.live_workers() == [] and server.registry.finished == 1
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+def test_tls_with_a_token_round_trip_and_plaintext_is_refused(start_ps, tmp_path):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True, timeout=60)
+    server = start_ps(token=TOKEN, tls_cert_file=str(cert), tls_key_file=str(key))
+    with client_for(server, token=TOKEN, tls_ca_file=str(cert)) as secure:
+        secure.register()
+        secure.push(0, [np.full(4, 0.5, np.float32)])
+        assert secure.pull(have_version=0, min_version=1, wait_seconds=10).version == 1
+    with client_for(server, token=TOKEN) as plaintext:
+        with pytest.raises(PSError) as e:
+            plaintext.status()
+        assert e.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_half_a_tls_configuration_is_refused(start_ps, tmp_path):
+    with pytest.raises(ValueError, match="tls_key_file"):
+        start_ps(tls_cert_file=str(tmp_path / "cert.pem"))
