@@ -316,3 +316,26 @@ def test_ps_events_carry_the_parameter_version_and_no_membership_generation(serv
     assert recorded[events.NODE_LEFT]["version"] == 1
     assert all(e["generation"] is None for e in recorded.values())
 
+
+def test_the_master_state_is_fsynced_before_its_rename_and_the_directory_after(tmp_path,
+                                                                              monkeypatch):
+    import stat
+
+    from tensorflow_elastic.ps import checkpoint
+
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(source: str, target: str) -> None:
+        calls.append("rename" if os.path.basename(target).startswith("master-") else "other")
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    variables = make_variables()
+    Checkpointer(str(tmp_path), variables, tf.keras.optimizers.SGD(0.1)).save(3, {"version": 3})
+    assert calls[:3] == ["fsync file", "rename", "fsync directory"]
