@@ -22,24 +22,9 @@ from tensorflow_elastic.ps.master import Master, QueueFull
 from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.server import ParameterServer
 
-SIZE = 4
+SIZE = 4  # the start_ps fixture's model: one float32 variable of this size
 CALL_TIMEOUT_S = 10.0
 
-
-@pytest.fixture
-def start_ps():
-    servers = []
-
-    def start(config: PSConfig | None = None, **options) -> ParameterServer:
-        server = ParameterServer([tf.Variable(np.ones(SIZE, np.float32))],
-                                 tf.keras.optimizers.SGD(0.1), config or PSConfig(policy="fifo"),
-                                 lease_timeout=30.0, **options)
-        servers.append(server.start())
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def connect(server: ParameterServer) -> tuple[PSClient, pb_grpc.ParameterServerStub]:

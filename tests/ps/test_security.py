@@ -4,38 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
-import subprocess
+import os
 
 import grpc
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps.client import PSClient
-from tensorflow_elastic.ps.config import PSConfig
 from tensorflow_elastic.ps.errors import NOT_THE_WORKER, UNAUTHENTICATED, PSError
 from tensorflow_elastic.ps.server import ParameterServer
 
 TOKEN = "s3cret-token"
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
-
-@pytest.fixture
-def start_ps():
-    servers = []
-
-    def start(**options) -> ParameterServer:
-        server = ParameterServer([tf.Variable(np.ones(4, np.float32))],
-                                 tf.keras.optimizers.SGD(0.1), PSConfig(policy="fifo"),
-                                 lease_timeout=30.0, **options)
-        servers.append(server.start())
-        return server
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 def client_for(server: ParameterServer, **options) -> PSClient:
@@ -85,15 +68,11 @@ def test_a_leave_with_a_guessed_worker_id_is_refused_and_the_job_goes_on(start_p
     assert server.live_workers() == [] and server.registry.finished == 1
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
-def test_tls_with_a_token_round_trip_and_plaintext_is_refused(start_ps, tmp_path):
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    server = start_ps(token=TOKEN, tls_cert_file=str(cert), tls_key_file=str(key))
-    with client_for(server, token=TOKEN, tls_ca_file=str(cert)) as secure:
+def test_tls_with_a_token_round_trip_and_plaintext_is_refused(start_ps):
+    # A self-signed certificate for 127.0.0.1, for tests only.
+    cert, key = os.path.join(DATA, "tls_cert.pem"), os.path.join(DATA, "tls_key.pem")
+    server = start_ps(token=TOKEN, tls_cert_file=cert, tls_key_file=key)
+    with client_for(server, token=TOKEN, tls_ca_file=cert) as secure:
         secure.register()
         secure.push(0, [np.full(4, 0.5, np.float32)])
         assert secure.pull(have_version=0, min_version=1, wait_seconds=10).version == 1
