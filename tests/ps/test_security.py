@@ -85,3 +85,20 @@ def test_tls_with_a_token_round_trip_and_plaintext_is_refused(start_ps):
 def test_half_a_tls_configuration_is_refused(start_ps, tmp_path):
     with pytest.raises(ValueError, match="tls_key_file"):
         start_ps(tls_cert_file=str(tmp_path / "cert.pem"))
+
+
+def test_ps_status_and_ps_configure_send_the_token_from_the_file_or_the_environment(
+        start_ps, tmp_path, monkeypatch, capsys):
+    from tensorflow_elastic import cli
+
+    server = start_ps(token=TOKEN)
+    monkeypatch.delenv("TFE_RDZV_TOKEN", raising=False)
+    assert cli.main(["ps-status", "--ps_address", server.address]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    assert cli.main(["ps-configure", "--ps_address", server.address, "--token_file",
+                     str(token_file), "--asynch_max", "5"]) == 0
+    assert server.master.config.asynch_max == 5
+    monkeypatch.setenv("TFE_RDZV_TOKEN", TOKEN)
+    assert cli.main(["ps-status", "--ps_address", server.address]) == 0
