@@ -132,17 +132,27 @@ def test_a_full_queue_is_resource_exhausted_and_the_client_retries_until_there_i
         start_ps):
     server = start_ps(PSConfig(policy="fifo", max_queued=1))
     client, stub = connect(server)
+    released = threading.Event()
+
+    def release() -> None:
+        server.master._loop_lock.release()
+        released.set()
+
     server.master._loop_lock.acquire()  # hold the master loop: nothing leaves the queue
+    releaser = threading.Timer(1.0, release)
     try:
         client.push(0, [np.zeros(SIZE, np.float32)])
         error = refused(stub.Push, push_request(client, np.zeros(SIZE)))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert dict(error.trailing_metadata())["tfe-reason"] == "queue_full"
-        releaser = threading.Timer(0.5, server.master._loop_lock.release)
         releaser.start()
         assert client.push(0, [np.zeros(SIZE, np.float32)]).version >= 0
     finally:
-        releaser.join()
+        releaser.cancel()
+        if releaser.is_alive():
+            releaser.join()
+        if not released.is_set():
+            release()
     assert json.loads(client.status().stats_json)["bad_requests"]["queue_full"] >= 1
     client.close()
 
