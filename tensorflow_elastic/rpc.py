@@ -78,7 +78,8 @@ def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCo
         try:
             return attempt()
         except grpc.RpcError as e:
-            retryable = e.code() in retry_on or bool(retry_reasons) and reason_of(e) in retry_reasons
+            retryable = (e.code() in retry_on
+                         or bool(retry_reasons) and reason_of(e) in retry_reasons)
             if not retryable or time.monotonic() + backoff > give_up_at:
                 raise
         time.sleep(backoff)

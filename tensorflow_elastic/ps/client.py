@@ -97,8 +97,8 @@ class PSClient:
     def pull(self, have_version: int = -1, min_version: int = 0,
              wait_seconds: float = 0.0) -> pb.PullResponse:
         request = pb.PullRequest(run_id=self.run_id, worker_id=self.worker_id,
-                                 worker_secret=self.worker_secret, have_version=have_version, min_version=min_version,
-                                 wait_seconds=wait_seconds)
+                                 worker_secret=self.worker_secret, have_version=have_version,
+                                 min_version=min_version, wait_seconds=wait_seconds)
         return self._call(self._stub.Pull, request, timeout=self.call_timeout + wait_seconds)
 
     def push(self, version: int, gradients: Sequence[np.ndarray], samples: int = 1,
@@ -107,11 +107,11 @@ class PSClient:
                                  worker_secret=self.worker_secret, version=version,
                                  samples=samples, loss=loss)
         tensors.encode_into(request.gradients, gradients)
-        size = request.ByteSize()
-        if 0 <= self.max_message_bytes < size:
-            raise ValueError(f"this gradient is {size} bytes, above max_message_bytes "
-                             f"({self.max_message_bytes}, from the model's size); push gradients "
-                             f"of the model's variables only")
+        # Sizing a message costs a pass over it: only when there is a limit to check.
+        if self.max_message_bytes >= 0 and request.ByteSize() > self.max_message_bytes:
+            raise ValueError(f"this gradient is {request.ByteSize()} bytes, above "
+                             f"max_message_bytes ({self.max_message_bytes}, from the model's "
+                             f"size); push gradients of the model's variables only")
         return self._call(self._stub.Push, request)
 
     def heartbeat(self) -> pb.PushResponse:

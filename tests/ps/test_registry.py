@@ -24,7 +24,7 @@ def test_ids_are_handed_out_in_order_and_never_reused():
     _, one_secret, _ = registry.register()
     registry.remove("1", one_secret)
     assert ids(registry.register()) == ("2", True)
-    assert ids(registry.register("1")) == ("1", True)  # an earlier worker may come back under its id
+    assert ids(registry.register("1")) == ("1", True)  # an earlier worker may come back, same id
     assert registry.register("0", zero_secret) == ("0", zero_secret, False)  # no change
     registry.next_id = 1                                # a checkpoint never lowers the counter
     assert ids(registry.register()) == ("3", True)
