@@ -3,13 +3,15 @@
 Calls retry while the PS is unreachable (it may be restarting from its
 checkpoint) or its gradient queue is full, up to ``reconnect_timeout``; a PS
 that no longer knows the worker (restarted, or the lease expired) gets a
-re-registration under the same id and the call is repeated once. Every call
-carries the shared token (if any) and the worker's secret from Register.
+re-registration under the same id (one for all the worker's threads) and the
+call is repeated once with the new secret. Every call carries the shared token
+(if any) and the worker's secret from Register.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -20,7 +22,7 @@ from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import security, tensors
-from tensorflow_elastic.ps.errors import QUEUE_FULL, UNKNOWN_WORKER, PSError
+from tensorflow_elastic.ps.errors import NOT_THE_WORKER, QUEUE_FULL, UNKNOWN_WORKER, PSError
 from tensorflow_elastic.ps.memory import keep_large_buffers
 from tensorflow_elastic.rendezvous import auth
 
@@ -52,6 +54,9 @@ class PSClient:
                       ("grpc.max_send_message_length", max_message_bytes)], tls_ca_file)
         self._stub = pb_grpc.ParameterServerStub(self._channel)
         self.registration: pb.RegisterResponse | None = None
+        # One re-registration at a time: the heartbeat thread and the training loop both find
+        # out when a restarted PS forgot the worker.
+        self._registering = threading.Lock()
         keep_large_buffers()
 
     def close(self) -> None:
@@ -74,10 +79,17 @@ class PSClient:
                 retry_reasons=(QUEUE_FULL,))
         except grpc.RpcError as e:
             error = rpc.rebuild_error(e, PSError)
-        if error.reason == UNKNOWN_WORKER and reregister and self.worker_id:
-            logger.warning("parameter server forgot worker %s (%s); registering again",
-                           self.worker_id, error.message)
-            self.register()
+        if error.reason in (UNKNOWN_WORKER, NOT_THE_WORKER) and reregister and self.worker_id:
+            with self._registering:
+                sent_secret = request.worker_secret
+                if sent_secret == self.worker_secret:
+                    if error.reason == NOT_THE_WORKER:
+                        raise error  # our current secret is refused: another process has this id
+                    logger.warning("parameter server forgot worker %s (%s); registering again",
+                                   self.worker_id, error.message)
+                    self.register()
+                # else another thread registered again meanwhile: retry with its secret
+                request.worker_secret = self.worker_secret
             return self._call(method, request, timeout, reregister=False)
         if error.code in _RETRYABLE:
             error = PSError(f"parameter server at {self.address} unreachable for "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 
 import grpc
 import numpy as np
@@ -102,3 +103,27 @@ def test_ps_status_and_ps_configure_send_the_token_from_the_file_or_the_environm
     assert server.master.config.asynch_max == 5
     monkeypatch.setenv("TFE_RDZV_TOKEN", TOKEN)
     assert cli.main(["ps-status", "--ps_address", server.address]) == 0
+
+
+def test_threads_of_one_worker_that_find_it_forgotten_register_it_again_once(start_ps):
+    """A restarted PS forgets every worker; a worker's heartbeat thread and its training loop
+    both find out and must not lock each other out with their secrets."""
+    server = start_ps()
+    with client_for(server) as worker:
+        worker.register()
+        for _ in range(5):
+            assert server.registry.remove(worker.worker_id, worker.worker_secret)
+            errors = []
+
+            def beat() -> None:
+                try:
+                    worker.heartbeat()
+                except PSError as e:
+                    errors.append(e)
+
+            threads = [threading.Thread(target=beat) for _ in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            assert errors == [] and server.live_workers() == [worker.worker_id]
