@@ -70,14 +70,20 @@ def abort(context: grpc.ServicerContext, error: ServiceError) -> NoReturn:
 
 def rebuild_error(e: grpc.RpcError, family: type[E]) -> E:
     """The ``family`` error for a failed call, of the class the service raised."""
-    reason = dict(e.trailing_metadata() or ()).get(REASON_METADATA_KEY)
-    return family.from_status(e.code(), e.details() or str(e.code()), reason)
+    return family.from_status(e.code(), e.details() or str(e.code()), reason_of(e))
+
+
+def reason_of(e: grpc.RpcError) -> str | None:
+    """The reason a service sent with a failed call (None: it sent none)."""
+    return dict(e.trailing_metadata() or ()).get(REASON_METADATA_KEY)
 
 
 def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCode],
-                    give_up_at: float, max_backoff: float) -> T:
-    """``attempt()``, again while it fails with a code in ``retry_on`` and the next try can
-    start by ``give_up_at`` (monotonic). Raises the ``grpc.RpcError`` of the last attempt.
+                    give_up_at: float, max_backoff: float,
+                    retry_reasons: Collection[str] = ()) -> T:
+    """``attempt()``, again while it fails with a code in ``retry_on`` (or a reason in
+    ``retry_reasons``, e.g. a server asking to come back later) and the next try can start by
+    ``give_up_at`` (monotonic). Raises the ``grpc.RpcError`` of the last attempt.
 
     Each pause is drawn at random up to a bound that doubles from :data:`FIRST_BACKOFF_S` to
     ``max_backoff`` ("full jitter"): clients that a server shed at the same moment come back
@@ -89,7 +95,9 @@ def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCo
             return attempt()
         except grpc.RpcError as e:
             pause = random.uniform(0.0, bound)
-            if e.code() not in retry_on or time.monotonic() + pause > give_up_at:
+            retryable = (e.code() in retry_on
+                         or bool(retry_reasons) and reason_of(e) in retry_reasons)
+            if not retryable or time.monotonic() + pause > give_up_at:
                 raise
         time.sleep(pause)
         bound = min(bound * 2, max_backoff)

@@ -18,6 +18,7 @@ from tensorflow_elastic.ps.config import PSConfig
 from tensorflow_elastic.ps.roles import PS, WORKER
 from tensorflow_elastic.ps.server import ParameterServer
 from tensorflow_elastic.ps.worker import GradientFn, PSWorker, WorkerResult
+from tensorflow_elastic.rendezvous import auth
 
 
 
@@ -61,12 +62,19 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
         config: PSConfig | None = None, role: str | None = None, address: str | None = None,
         run_id: str | None = None, checkpoint_dir: str | None = None,
         checkpoint_every: int = 100, lease_timeout: float = 10.0, idle_timeout: float = 300.0,
-        reconnect_timeout: float = 120.0) -> dict[str, Any] | WorkerResult:
+        reconnect_timeout: float = 120.0, token: str | None = None,
+        token_file: str | None = None, tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        tls_ca_file: str | None = None) -> dict[str, Any] | WorkerResult:
     """Serves the model (role ``ps``: returns the PS's final stats) or trains it (``worker``).
 
     The PS settings (``checkpoint_*``, ``lease_timeout``, ``idle_timeout``)
     are ignored by workers and ``reconnect_timeout`` by the PS, so one call
     serves both roles.
+
+    ``token`` (else the first line of ``token_file``, else ``$TFE_RDZV_TOKEN``)
+    is the shared token every call must carry. The PS serves TLS with
+    ``tls_cert_file`` + ``tls_key_file``; workers trust ``tls_ca_file``.
     """
     role = role or environment.text(environment.PS_ROLE)
     address = address or environment.text(environment.PS_ADDRESS)
@@ -79,6 +87,7 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
         raise ValueError(f"no parameter server address: pass address= or set "
                          f"${environment.PS_ADDRESS} (tfelastic-run --ps_address HOST:PORT)")
     variables, gradient_fn = _resolve(model, loss_fn, variables, gradient_fn)
+    token = token or auth.load_token(token_file)
     if role == PS:
         if optimizer is None:
             raise ValueError("the parameter server needs the optimizer that applies gradients")
@@ -87,7 +96,8 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
                                  run_id=run_id,
                                  checkpoint_dir=checkpoint_dir or environment.text(environment.PS_CHECKPOINT_DIR),
                                  checkpoint_every=checkpoint_every, lease_timeout=lease_timeout,
-                                 idle_timeout=idle_timeout)
+                                 idle_timeout=idle_timeout, token=token,
+                                 tls_cert_file=tls_cert_file, tls_key_file=tls_key_file)
         server.start()
         print(f"parameter server for run {run_id!r} listening on {server.address}", flush=True)
         _on_sigterm(server.stop)
@@ -99,6 +109,6 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
     if dataset is None:
         raise ValueError("a worker needs its dataset (an iterable of batches)")
     worker = PSWorker(address, variables, gradient_fn, run_id=run_id,
-                      reconnect_timeout=reconnect_timeout)
+                      reconnect_timeout=reconnect_timeout, token=token, tls_ca_file=tls_ca_file)
     _on_sigterm(worker.request_stop)
     return worker.run(dataset)

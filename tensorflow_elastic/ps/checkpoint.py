@@ -3,7 +3,9 @@
 A checkpoint is the TensorFlow checkpoint of the variables and optimizer
 (numbered by the parameter version) and ``master-<version>.npz`` beside it
 with the master's state. The npz is written first, so the TensorFlow index
-file, written last, commits both. A corrupt newest checkpoint falls back to
+file, written last, commits both. The npz is fsynced before it is renamed into
+place and the directory after, so a power loss cannot leave a committed
+checkpoint whose master state is empty or missing. A corrupt newest checkpoint falls back to
 the one before it; a checkpoint of a different model is an error.
 """
 
@@ -61,6 +63,15 @@ def _join(plain: dict[str, Any], arrays: Any) -> dict[str, Any]:
     return state
 
 
+def _fsync_directory(directory: str) -> None:
+    """Makes the renames in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Checkpointer:
     """Saves and restores the PS every N updates into one directory."""
 
@@ -79,8 +90,12 @@ class Checkpointer:
         plain, arrays = _split(master_state)
         path = self._master_path(version)
         partial = path + ".partial.npz"
-        np.savez(partial, **{_STATE_KEY: np.array(json.dumps(plain))}, **arrays)
+        with open(partial, "wb") as f:
+            np.savez(f, **{_STATE_KEY: np.array(json.dumps(plain))}, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(partial, path)
+        _fsync_directory(self.directory)
         saved = self._manager.save(checkpoint_number=version)
         self._remove_unreferenced()
         return saved

@@ -9,6 +9,7 @@ import sys
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps.client import PSClient
 from tensorflow_elastic.ps.errors import PSError
+from tensorflow_elastic.rendezvous import auth
 
 # Every setting Configure takes, so a new field in the proto reaches the CLI by itself.
 SETTINGS = tuple(f.name for f in pb.ConfigureRequest.DESCRIPTOR.fields if f.name != "run_id")
@@ -23,6 +24,7 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     status.add_argument("--ps_address", required=True, metavar="HOST:PORT")
     status.add_argument("--run_id", default="default", help="the run id (default: %(default)s)")
     status.add_argument("--json", action="store_true", help="print the raw counters as JSON")
+    _add_security_arguments(status)
     status.set_defaults(func=_status)
     configure = commands.add_parser(
         "ps-configure", help="change a parameter server's policy settings while it trains",
@@ -33,11 +35,19 @@ def add_parsers(commands: argparse._SubParsersAction) -> None:
     configure.add_argument("--run_id", default="default", help="the run id (default: %(default)s)")
     for setting in SETTINGS:
         configure.add_argument(f"--{setting}", type=int, metavar="N")
+    _add_security_arguments(configure)
     configure.set_defaults(func=_configure)
 
 
+def _add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--token_file", help="file whose first line is the PS's shared token "
+                                             "(default: $TFE_RDZV_TOKEN)")
+    parser.add_argument("--tls_ca", help="PEM certificate to trust when the PS uses TLS")
+
+
 def _client(args: argparse.Namespace) -> PSClient:
-    return PSClient(args.ps_address, args.run_id, call_timeout=10.0, reconnect_timeout=5.0)
+    return PSClient(args.ps_address, args.run_id, call_timeout=10.0, reconnect_timeout=5.0,
+                    token=auth.load_token(args.token_file), tls_ca_file=args.tls_ca)
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ defaults in one place so the master and the docs cannot disagree.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 SYNCH = "synch"
@@ -26,7 +27,10 @@ _MINIMUMS = {
     "iterations": 1,
     "workers": 1,
     "convergence_window": 1,
+    "max_queued": 1,
 }
+# Settings among those that have no "None" default.
+_REQUIRED = ("synch_block_size", "max_queued")
 
 
 @dataclasses.dataclass
@@ -62,6 +66,9 @@ class PSConfig:
     # by less than convergence_tolerance (relative); None: no convergence check.
     convergence_window: int | None = None
     convergence_tolerance: float = 1e-3
+    # Gradients waiting for the master loop; a push beyond is refused (RESOURCE_EXHAUSTED,
+    # queue_full) and the worker retries after a pause. Each holds a model-sized buffer.
+    max_queued: int = 256
 
     @property
     def is_synchronous(self) -> bool:
@@ -89,15 +96,17 @@ class PSConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of: {', '.join(POLICIES)}")
         for name, least in _MINIMUMS.items():
             value = getattr(self, name)
-            if value is None and name != "synch_block_size":
+            if value is None and name not in _REQUIRED:
                 continue
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be a whole number, got {value!r}")
             if value < least:
                 raise ValueError(f"{name} must be at least {least}, got {value}")
         tolerance = self.convergence_tolerance
-        if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or tolerance < 0:
-            raise ValueError(f"convergence_tolerance must be a number >= 0, got {tolerance!r}")
+        if (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float))
+                or not math.isfinite(tolerance) or tolerance < 0):
+            raise ValueError(f"convergence_tolerance must be a finite number >= 0, "
+                             f"got {tolerance!r}")
         if self.min_held() < self.synch_block_size:
             raise ValueError(
                 f"min_to_accept ({self.min_to_accept}) is below synch_block_size "

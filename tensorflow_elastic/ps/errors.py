@@ -15,6 +15,12 @@ MALFORMED = "malformed"
 WRONG_SHAPE = "wrong_shape"
 FUTURE_VERSION = "future_version"
 BAD_CONFIG = "bad_config"
+BAD_ARGUMENT = "bad_argument"        # a number out of range: a non-finite wait or loss, samples
+NON_FINITE = "non_finite"            # a gradient with NaN or Inf values
+QUEUE_FULL = "queue_full"            # the gradient queue is at max_queued: retry after a pause
+NOT_THE_WORKER = "not_the_worker"    # a worker id without the secret it was registered with
+UNAUTHENTICATED = "unauthenticated"  # no or the wrong shared token
+TOO_LARGE = "too_large"              # a message above the size the model needs
 
 
 class PSError(ServiceError):

@@ -48,6 +48,10 @@ def plateaued(losses: Sequence[float], window: int, tolerance: float) -> bool:
     return (before - last) < tolerance * max(abs(before), np.finfo(float).tiny)
 
 
+class QueueFull(Exception):
+    """The gradient queue holds ``max_queued`` gradients; the pusher should retry later."""
+
+
 class Master:
     """Accepts, orders, aggregates and applies gradients as ``config.policy`` says.
 
@@ -159,8 +163,14 @@ class Master:
     # ------------------------------------------------------------------- the loop
 
     def submit(self, gradient: Gradient) -> None:
-        """Queues a gradient and stamps its arrival order; never waits for an update."""
+        """Queues a gradient and stamps its arrival order; never waits for an update.
+
+        Raises QueueFull when ``max_queued`` gradients are waiting already.
+        """
         with self._wake:
+            if len(self._queue) >= self._config.max_queued:
+                raise QueueFull(f"{len(self._queue)} gradients are waiting for the parameter "
+                                f"server (max_queued); retry after a pause, or raise max_queued")
             gradient.sequence = self._sequence
             self._sequence += 1
             self._queue.append(gradient)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from concurrent import futures
@@ -21,21 +22,23 @@ import grpc
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
+from tensorflow_elastic.ps import security, tensors
 from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig
 from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
 from tensorflow_elastic.ps.memory import keep_large_buffers
 from tensorflow_elastic.ps.parameters import Parameters
+from tensorflow_elastic.ps.refusals import Refusals
 from tensorflow_elastic.ps.registry import WorkerRegistry
-from tensorflow_elastic.ps.service import ParameterServerService
+from tensorflow_elastic.ps.service import DEFAULT_MAX_SAMPLES, ParameterServerService
 
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_SAVED = "checkpoint_saved"
 _MASTER_POLL_S = 0.02
-_GRPC_OPTIONS = [("grpc.max_receive_message_length", -1),
-                 ("grpc.max_send_message_length", -1)]
+# Handler threads no waiting pull may take: heartbeats, pushes and status calls always get one.
+RESERVED_HANDLER_THREADS = 8
 
 
 class NoWorkersError(RuntimeError):
@@ -50,6 +53,12 @@ class ParameterServer:
     by themselves). Workers silent for ``lease_timeout`` seconds are dropped.
     ``on_update(version)`` runs on the master thread after every update (e.g.
     to evaluate the model); it delays the next update while it runs.
+
+    ``token`` makes every call carry the shared token; ``tls_cert_file`` and
+    ``tls_key_file`` (PEM) serve over TLS. Messages are bounded by the model's
+    size (:func:`tensors.message_limit`), a push's ``samples`` by
+    ``max_samples``; of the ``handler_threads`` (idle ones cost nothing),
+    :data:`RESERVED_HANDLER_THREADS` are never taken by waiting pulls.
     """
 
     def __init__(self, variables: Sequence[Any], optimizer: Any, config: PSConfig | None = None,
@@ -57,14 +66,20 @@ class ParameterServer:
                  checkpoint_dir: str | None = None, checkpoint_every: int = 100,
                  lease_timeout: float = 10.0, idle_timeout: float = 300.0,
                  events_file: str | None = None, step_events_every: int = 10,
-                 handler_threads: int = 32, on_update: Callable[[int], None] | None = None):
+                 handler_threads: int = 128, on_update: Callable[[int], None] | None = None,
+                 token: str | None = None, tls_cert_file: str | None = None,
+                 tls_key_file: str | None = None, max_samples: int = DEFAULT_MAX_SAMPLES):
         config = config or PSConfig()
         config.validate()
         keep_large_buffers()
         for name, value in (("checkpoint_every", checkpoint_every), ("idle_timeout", idle_timeout),
+                            ("lease_timeout", lease_timeout), ("max_samples", max_samples),
                             ("step_events_every", step_events_every)):
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+        if handler_threads <= RESERVED_HANDLER_THREADS:
+            raise ValueError(f"handler_threads must be above {RESERVED_HANDLER_THREADS} (the "
+                             f"threads kept for heartbeats), got {handler_threads}")
         self.run_id = run_id
         self.parameters = Parameters(variables, optimizer)
         self.registry = WorkerRegistry(lease_timeout)
@@ -80,7 +95,12 @@ class ParameterServer:
         self._host, self._port = host, port
         self._handler_threads = handler_threads
         self._on_update = on_update
-        self._service = ParameterServerService(self)
+        self._token = token
+        self._tls_files = (tls_cert_file, tls_key_file)
+        self.refusals = Refusals()
+        self._service = ParameterServerService(
+            self, self.refusals, max_samples=max_samples,
+            max_waiting_pulls=handler_threads - RESERVED_HANDLER_THREADS)
         self._server: grpc.Server | None = None
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
@@ -102,11 +122,15 @@ class ParameterServer:
 
     def start(self) -> "ParameterServer":
         self._restore()
+        limit = tensors.message_limit(self.parameters.specs)
+        interceptors = [security.TokenGate(self._token, self.refusals)] if self._token else []
         server = grpc.server(futures.ThreadPoolExecutor(self._handler_threads,
                                                         thread_name_prefix="ps-rpc"),
-                             options=_GRPC_OPTIONS)
+                             interceptors=interceptors,
+                             options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", limit)])
         pb_grpc.add_ParameterServerServicer_to_server(self._service, server)
-        port = server.add_insecure_port(f"{self._host}:{self._port}")
+        port = security.add_port(server, f"{self._host}:{self._port}", *self._tls_files)
         if port == 0:
             raise OSError(f"cannot listen on {self._host}:{self._port}; pick a free port")
         self._port = port
@@ -153,16 +177,16 @@ class ParameterServer:
 
     # ------------------------------------------------------------------- workers
 
-    def add_worker(self, worker_id: str) -> str:
-        worker_id, is_new = self.registry.register(worker_id)
+    def add_worker(self, worker_id: str, secret: str) -> tuple[str, str]:
+        worker_id, secret, is_new = self.registry.register(worker_id, secret)
         if is_new:
             self.master.add_worker(worker_id)
             self._record(events.NODE_JOINED, node=_node(worker_id), role="worker")
-        return worker_id
+        return worker_id, secret
 
-    def renew_lease(self, worker_id: str) -> bool:
+    def renew_lease(self, worker_id: str, secret: str) -> bool:
         """False for a worker the PS does not know (it must register again)."""
-        return self.registry.touch(worker_id)
+        return self.registry.touch(worker_id, secret)
 
     def live_workers(self) -> list[str]:
         return self.registry.live()
@@ -170,13 +194,13 @@ class ParameterServer:
     def submit(self, gradient: Gradient) -> None:
         self.master.submit(gradient)
 
-    def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None:
+    def remove_worker(self, worker_id: str, secret: str, finished: bool, reason: str) -> None:
         """A worker's own goodbye: its work is done (``finished``) or it was preempted.
 
         Either way the gradients it pushed before still count (the master only
         drops those of workers whose lease expired).
         """
-        if self.registry.remove(worker_id, finished=finished):
+        if self.registry.remove(worker_id, secret, finished=finished):
             self.master.remove_worker(worker_id, finished=True)
             self._record(events.NODE_LEFT, node=_node(worker_id), reason=reason)
 
@@ -263,7 +287,7 @@ class ParameterServer:
 
     def stats(self) -> dict[str, Any]:
         stats = dict(self.master.stats())
-        stats["bad_requests"] = dict(self._service.bad_requests)
+        stats["bad_requests"] = self.refusals.counts()
         stats["version"] = self.parameters.version
         stats["workers"] = self.registry.live()
         return stats

@@ -1,16 +1,21 @@
 """The ParameterServer gRPC service: checks every request, then hands it to the PS.
 
-A bad request (wrong run id, unknown worker, a gradient of the wrong shape
-or dtype, a version from the future) is refused with a :class:`PSError` that
-says what is wrong, is counted by reason, and changes nothing. The service
-sees the PS only through :class:`Backend`.
+A bad request (wrong run id, unknown worker, a worker id without its secret,
+a gradient of the wrong shape or dtype or with NaN/Inf values, a number out
+of range, a version from the future) is refused with a :class:`PSError` that
+says what is wrong, is counted by reason, and changes nothing. A full
+gradient queue is RESOURCE_EXHAUSTED: the worker retries after a pause.
+Pulls that wait for a newer version hold a handler thread each, so at most
+``max_waiting_pulls`` wait at once (the others answer at once) and
+heartbeats always find a thread. The service sees the PS only through
+:class:`Backend`.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
+import math
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
@@ -20,14 +25,20 @@ from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import tensors
-from tensorflow_elastic.ps.errors import (BAD_CONFIG, FUTURE_VERSION, MALFORMED, UNKNOWN_WORKER,
+from tensorflow_elastic.ps.errors import (BAD_ARGUMENT, BAD_CONFIG, FUTURE_VERSION, MALFORMED,
+                                          NON_FINITE, NOT_THE_WORKER, QUEUE_FULL, UNKNOWN_WORKER,
                                           WRONG_RUN, WRONG_SHAPE, PSError)
 from tensorflow_elastic.ps.gradient import Gradient
+from tensorflow_elastic.ps.master import QueueFull
+from tensorflow_elastic.ps.refusals import Refusals
+from tensorflow_elastic.ps.registry import NotTheWorker
 
 if TYPE_CHECKING:
     from tensorflow_elastic.ps.parameters import Parameters
 
 MAX_PULL_WAIT_S = 30.0
+# Samples behind one gradient the PS believes by default (the wskew policy weighs by them).
+DEFAULT_MAX_SAMPLES = 1 << 24
 
 
 class Backend(Protocol):
@@ -49,13 +60,14 @@ class Backend(Protocol):
     @property
     def stop_reason(self) -> str | None: ...
 
-    def add_worker(self, worker_id: str) -> str: ...
+    # The three below raise NotTheWorker for a live worker id without its secret.
+    def add_worker(self, worker_id: str, secret: str) -> tuple[str, str]: ...
 
-    def renew_lease(self, worker_id: str) -> bool: ...
+    def renew_lease(self, worker_id: str, secret: str) -> bool: ...
 
-    def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None: ...
+    def remove_worker(self, worker_id: str, secret: str, finished: bool, reason: str) -> None: ...
 
-    def submit(self, gradient: Gradient) -> None: ...
+    def submit(self, gradient: Gradient) -> None: ...  # QueueFull when the queue is full
 
     def live_workers(self) -> list[str]: ...
 
@@ -72,19 +84,34 @@ def _refusing(method: Callable[..., Any]) -> Callable[..., Any]:
                 context: grpc.ServicerContext) -> Any:
         try:
             return method(self, request, context)
+        except NotTheWorker as e:
+            error = PSError(str(e), grpc.StatusCode.PERMISSION_DENIED, NOT_THE_WORKER)
         except PSError as e:
-            with self._lock:
-                self.bad_requests[e.reason] += 1
-            rpc.abort(context, e)
+            error = e
+        self.refusals.record(error.reason, error.message)
+        rpc.abort(context, error)
 
     return handler
 
 
+def _check_number(name: str, value: float, least: float, most: float) -> None:
+    """INVALID_ARGUMENT unless ``least <= value <= most`` (NaN and infinities never are)."""
+    if not (math.isfinite(value) and least <= value <= most):
+        raise PSError(f"{name} must be a finite number in [{least}, {most}], got {value}",
+                      grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT)
+
+
 class ParameterServerService(pb_grpc.ParameterServerServicer):
-    def __init__(self, backend: Backend):
+    """``max_samples`` bounds a push's ``samples``; ``max_waiting_pulls`` (None: no bound) the
+    pulls that wait at once."""
+
+    def __init__(self, backend: Backend, refusals: Refusals | None = None, *,
+                 max_samples: int = DEFAULT_MAX_SAMPLES, max_waiting_pulls: int | None = None):
         self._backend = backend
-        self._lock = threading.Lock()
-        self.bad_requests: collections.Counter[str] = collections.Counter()
+        self.refusals = refusals or Refusals()
+        self._max_samples = max_samples
+        self._wait_slots = (threading.BoundedSemaphore(max_waiting_pulls)
+                            if max_waiting_pulls is not None else None)
 
     def _check_run(self, run_id: str) -> None:
         if run_id != self._backend.run_id:
@@ -92,8 +119,8 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
                           f"{run_id!r}; check the worker's run id",
                           grpc.StatusCode.FAILED_PRECONDITION, WRONG_RUN)
 
-    def _check_worker(self, worker_id: str) -> None:
-        if not self._backend.renew_lease(worker_id):
+    def _check_worker(self, worker_id: str, secret: str) -> None:
+        if not self._backend.renew_lease(worker_id, secret):
             raise PSError(f"worker {worker_id!r} is not registered (new parameter server, or its "
                           f"lease expired); register again", grpc.StatusCode.NOT_FOUND,
                           UNKNOWN_WORKER)
@@ -105,9 +132,9 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     @_refusing
     def Register(self, request: pb.RegisterRequest, context) -> pb.RegisterResponse:
         self._check_run(request.run_id)
-        worker_id = self._backend.add_worker(request.worker_id)
+        worker_id, secret = self._backend.add_worker(request.worker_id, request.worker_secret)
         return pb.RegisterResponse(
-            worker_id=worker_id, version=self._backend.parameters.version,
+            worker_id=worker_id, worker_secret=secret, version=self._backend.parameters.version,
             variables=self._backend.parameters.specs, policy=self._backend.policy,
             iterations=self._backend.worker_iterations, stop=self._backend.stopping.is_set(),
             lease_seconds=self._backend.lease_seconds)
@@ -115,11 +142,11 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     @_refusing
     def Pull(self, request: pb.PullRequest, context) -> pb.PullResponse:
         self._check_run(request.run_id)
-        self._check_worker(request.worker_id)
+        _check_number("wait_seconds", request.wait_seconds, 0.0, math.inf)
+        self._check_worker(request.worker_id, request.worker_secret)
         params = self._backend.parameters
         if request.min_version > params.version:
-            params.wait_for(request.min_version, min(request.wait_seconds, MAX_PULL_WAIT_S),
-                            self._backend.stopping)
+            self._wait(request.min_version, min(request.wait_seconds, MAX_PULL_WAIT_S))
         version = params.version
         if version == request.have_version:
             # Only a worker ahead of the PS (which restarted from a checkpoint) gets the older
@@ -130,10 +157,26 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         tensors.add_raw(response.parameters, raws)
         return response
 
+    def _wait(self, version: int, timeout: float) -> None:
+        """Waits for ``version`` if a wait slot is free; else returns at once (the worker
+        polls again), so waiting pulls never take the last handler threads."""
+        slots = self._wait_slots
+        if slots is not None and not slots.acquire(blocking=False):
+            return
+        try:
+            self._backend.parameters.wait_for(version, timeout, self._backend.stopping)
+        finally:
+            if slots is not None:
+                slots.release()
+
     @_refusing
     def Push(self, request: pb.PushRequest, context) -> pb.PushResponse:
         self._check_run(request.run_id)
-        self._check_worker(request.worker_id)
+        self._check_worker(request.worker_id, request.worker_secret)
+        if request.samples:
+            _check_number("samples", request.samples, 1, self._max_samples)
+        if request.HasField("loss"):
+            _check_number("loss", request.loss, -math.inf, math.inf)
         try:
             arrays = tensors.decode_all(request.gradients)
         except ValueError as e:
@@ -142,27 +185,36 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             self._backend.parameters.check(arrays)
         except ValueError as e:
             raise PSError(str(e), grpc.StatusCode.INVALID_ARGUMENT, WRONG_SHAPE) from None
+        bad = tensors.first_non_finite(arrays)
+        if bad is not None:
+            raise PSError(f"the gradient for {self._backend.parameters.specs[bad].name} has NaN "
+                          f"or Inf values; lower the learning rate or clip gradients on the "
+                          f"worker", grpc.StatusCode.INVALID_ARGUMENT, NON_FINITE)
         version = self._backend.parameters.version
         if request.version > version:
             raise PSError(f"gradient computed on version {request.version}, but the parameters "
                           f"are at version {version}; pull before computing",
                           grpc.StatusCode.INVALID_ARGUMENT, FUTURE_VERSION)
-        self._backend.submit(Gradient(
-            worker=request.worker_id, version=request.version, arrays=arrays,
-            samples=max(1, request.samples),
-            loss=request.loss if request.HasField("loss") else None))
+        try:
+            self._backend.submit(Gradient(
+                worker=request.worker_id, version=request.version, arrays=arrays,
+                samples=request.samples or 1,
+                loss=request.loss if request.HasField("loss") else None))
+        except QueueFull as e:
+            raise PSError(str(e), grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL) from None
         return self._reply()
 
     @_refusing
     def Heartbeat(self, request: pb.HeartbeatRequest, context) -> pb.PushResponse:
         self._check_run(request.run_id)
-        self._check_worker(request.worker_id)
+        self._check_worker(request.worker_id, request.worker_secret)
         return self._reply()
 
     @_refusing
     def Leave(self, request: pb.LeaveRequest, context) -> pb.LeaveResponse:
         self._check_run(request.run_id)
-        self._backend.remove_worker(request.worker_id, finished=request.finished,
+        self._backend.remove_worker(request.worker_id, request.worker_secret,
+                                    finished=request.finished,
                                     reason=request.reason or ("finished" if request.finished
                                                               else "left"))
         return pb.LeaveResponse()

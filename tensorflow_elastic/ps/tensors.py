@@ -15,6 +15,18 @@ from tensorflow_elastic.proto import parameter_server_pb2 as pb
 
 Raw = tuple[str, tuple[int, ...], bytes]
 
+# Room for everything in a message besides the tensors' buffers (ids, shapes, dtype names).
+MESSAGE_MARGIN_BYTES = 1 << 20
+
+
+def message_limit(specs: Iterable[pb.VariableSpec]) -> int:
+    """The largest message a PS or worker accepts for a model of ``specs``: twice its
+    parameters' bytes plus a margin, so a message of the model's size always fits and a
+    message far larger is refused before it is read."""
+    parameters = sum(int(np.prod(tuple(s.shape), dtype=np.int64)) * np.dtype(s.dtype).itemsize
+                     for s in specs)
+    return 2 * parameters + MESSAGE_MARGIN_BYTES
+
 
 def raw(array: np.ndarray) -> Raw:
     """(dtype name, shape, little-endian C-order buffer) of an array."""
@@ -50,3 +62,12 @@ def decode(tensor: pb.RawTensor) -> np.ndarray:
 
 def decode_all(tensors: Sequence[pb.RawTensor]) -> list[np.ndarray]:
     return [decode(t) for t in tensors]
+
+
+def first_non_finite(arrays: Sequence[np.ndarray]) -> int | None:
+    """Index of the first array holding a NaN or an infinity (None: all finite); one pass
+    over each floating-point buffer, none over integer ones."""
+    for index, array in enumerate(arrays):
+        if array.dtype.kind in "fc" and not np.isfinite(array).all():
+            return index
+    return None

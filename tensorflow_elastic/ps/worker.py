@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
@@ -27,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 GradientFn = Callable[[Any], tuple[Any, Sequence[Any]]]
 _SYNCH_WAIT_S = 5.0
+# A pull that returned sooner without a new version found no free wait slot: pause, then ask again.
+_REPOLL_S = 0.1
 
 
 @dataclasses.dataclass
@@ -42,15 +45,21 @@ class PSWorker:
     """Trains ``variables`` (a local copy of the PS's) with ``gradient_fn(batch) -> (loss, grads)``.
 
     ``progress_timeout`` bounds how long the worker waits, in the synchronous
-    policy, for the PS to publish the next version.
+    policy, for the PS to publish the next version. ``token`` and
+    ``tls_ca_file`` are the PS's shared token and the PEM to trust for TLS;
+    messages are bounded by the model's size.
     """
 
     def __init__(self, address: str, variables: Sequence[Any], gradient_fn: GradientFn, *,
                  run_id: str = "default", reconnect_timeout: float = 120.0,
-                 progress_timeout: float = 600.0):
+                 progress_timeout: float = 600.0, token: str | None = None,
+                 tls_ca_file: str | None = None):
         self.variables = list(variables)
         self.gradient_fn = gradient_fn
-        self.client = PSClient(address, run_id, reconnect_timeout=reconnect_timeout)
+        self.client = PSClient(address, run_id, reconnect_timeout=reconnect_timeout, token=token,
+                               tls_ca_file=tls_ca_file,
+                               max_message_bytes=tensors.message_limit(
+                                   variable_specs(self.variables)))
         self.progress_timeout = progress_timeout
         self._stop_requested = threading.Event()
         self._heartbeats_done = threading.Event()
@@ -136,16 +145,19 @@ class PSWorker:
         """The newest parameters; in the synchronous policy, those after our last gradient."""
         if not wait_for_next:
             return self.client.pull(have_version=version)
-        waited = 0.0
+        started = time.monotonic()
         while True:
+            asked = time.monotonic()
             pulled = self.client.pull(have_version=version, min_version=version + 1,
                                       wait_seconds=_SYNCH_WAIT_S)
             if pulled.stop or pulled.version > version or self._stop_requested.is_set():
                 return pulled
-            waited += _SYNCH_WAIT_S
+            waited = time.monotonic() - started
             if waited >= self.progress_timeout:
                 raise TimeoutError(f"the parameter server published no version after {version} "
                                    f"for {waited:.0f} s; is it stuck on a missing worker?")
+            if time.monotonic() - asked < _REPOLL_S:
+                time.sleep(_REPOLL_S)
 
 
 def _to_array(gradient: Any, variable: Any) -> np.ndarray:

@@ -60,7 +60,7 @@ def test_default_settings_are_valid_and_resolve_from_the_block_size():
     ({"max_staleness": -1}, "max_staleness must be at least 0"),
     ({"iterations": 2.5}, "iterations must be a whole number"),
     ({"workers": True}, "workers must be a whole number"),
-    ({"convergence_tolerance": -0.1}, "convergence_tolerance must be a number >= 0"),
+    ({"convergence_tolerance": -0.1}, "convergence_tolerance must be a finite number >= 0"),
     ({"synch_block_size": 3, "min_to_accept": 2}, "raise min_to_accept or lower synch_block_size"),
     ({"min_to_accept": 3, "max_to_accept": 2}, "raise max_to_accept"),
     ({"synch_block_size": 4, "asynch_max": 2}, "raise asynch_max"),

@@ -151,7 +151,8 @@ def test_bad_requests_get_clear_errors_are_counted_and_change_nothing(server_fac
                          reregister=False)
         assert error.code == grpc.StatusCode.NOT_FOUND and "register" in error.message
         stranger.close()
-        malformed = pb.PushRequest(run_id="default", worker_id=client.worker_id, version=0,
+        malformed = pb.PushRequest(run_id="default", worker_id=client.worker_id,
+                                   worker_secret=client.worker_secret, version=0,
                                    gradients=[pb.RawTensor(dtype="float32", shape=[4, 2],
                                                            data=b"123")] * 2)
         error = bad_call(client, client._call, client._stub.Push, malformed)
@@ -314,3 +315,27 @@ def test_ps_events_carry_the_parameter_version_and_no_membership_generation(serv
     assert recorded[events.STEP]["version"] == recorded[events.STEP]["step"] == 1
     assert recorded[events.NODE_LEFT]["version"] == 1
     assert all(e["generation"] is None for e in recorded.values())
+
+
+def test_the_master_state_is_fsynced_before_its_rename_and_the_directory_after(tmp_path,
+                                                                              monkeypatch):
+    import stat
+
+    from tensorflow_elastic.ps import checkpoint
+
+    calls = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync file")
+        real_fsync(fd)
+
+    def replace(source: str, target: str) -> None:
+        calls.append("rename" if os.path.basename(target).startswith("master-") else "other")
+        real_replace(source, target)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    monkeypatch.setattr(checkpoint.os, "replace", replace)
+    variables = make_variables()
+    Checkpointer(str(tmp_path), variables, tf.keras.optimizers.SGD(0.1)).save(3, {"version": 3})
+    assert calls[:3] == ["fsync file", "rename", "fsync directory"]

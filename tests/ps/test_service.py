@@ -51,16 +51,16 @@ class FakeBackend:
         self.forgotten: set[str] = set()
         self.submitted: list[Gradient] = []
 
-    def add_worker(self, worker_id: str) -> str:
+    def add_worker(self, worker_id: str, secret: str) -> tuple[str, str]:
         worker_id = worker_id or "0"
         self.registered.append(worker_id)
         self.forgotten.discard(worker_id)
-        return worker_id
+        return worker_id, "secret"
 
-    def renew_lease(self, worker_id: str) -> bool:
+    def renew_lease(self, worker_id: str, secret: str) -> bool:
         return worker_id in self.registered and worker_id not in self.forgotten
 
-    def remove_worker(self, worker_id: str, finished: bool, reason: str) -> None:
+    def remove_worker(self, worker_id: str, secret: str, finished: bool, reason: str) -> None:
         self.registered.remove(worker_id)
 
     def submit(self, gradient: Gradient) -> None:
@@ -108,7 +108,7 @@ def test_a_request_for_another_run_is_refused_counted_and_changes_nothing(served
         client.register()
     assert info.value.reason == WRONG_RUN and info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     assert "'run-7'" in info.value.message
-    assert backend.registered == [] and service.bad_requests == {WRONG_RUN: 1}
+    assert backend.registered == [] and service.refusals.counts() == {WRONG_RUN: 1}
 
 
 def test_a_gradient_reaches_the_backend_only_when_it_fits(served):
@@ -121,7 +121,7 @@ def test_a_gradient_reaches_the_backend_only_when_it_fits(served):
     [gradient] = backend.submitted
     assert (gradient.worker, gradient.version, gradient.samples) == ("0", 3, 16)
     assert gradient.loss == 0.25
-    assert service.bad_requests == {WRONG_SHAPE: 1}
+    assert service.refusals.counts() == {WRONG_SHAPE: 1}
 
 
 def test_a_forgotten_worker_registers_again_under_its_id_and_the_call_goes_through(served):
@@ -129,7 +129,7 @@ def test_a_forgotten_worker_registers_again_under_its_id_and_the_call_goes_throu
     client.register()
     backend.forgotten.add("0")
     assert client.heartbeat().version == 3
-    assert backend.registered == ["0", "0"] and service.bad_requests == {UNKNOWN_WORKER: 1}
+    assert backend.registered == ["0", "0"] and service.refusals.counts() == {UNKNOWN_WORKER: 1}
 
 
 def test_refused_settings_are_a_bad_config_error(served):
