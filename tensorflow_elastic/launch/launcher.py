@@ -18,14 +18,14 @@ import threading
 from typing import NoReturn
 
 from tensorflow_elastic import environment, net
-from tensorflow_elastic.launch import IN_PROCESS, LocalAgent, WorkerSpec
+from tensorflow_elastic.launch import IN_PROCESS, LocalAgent, WorkerSpec, embedded
 from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.ps_roles import ParameterServerRoles
 from tensorflow_elastic.launch.restart import RestartElasticity
 from tensorflow_elastic.launch.spec import AUTO, RESTART, default_log_dir, parse_nnodes
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
-from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError, auth
+from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
 
 PROG = "tfelastic-run"
@@ -59,9 +59,9 @@ examples:
   tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 train.py
 
   # an orchestrator alone, then one launcher per machine: 2 to 3 machines, 4 workers each
-  tfelastic-run --standalone --rdzv_endpoint=localhost:5555 start
+  tfelastic-run --standalone --rdzv_endpoint=0.0.0.0:5555 --token_file tok start
   tfelastic-run --monitor_interval=5 --address=$(hostname -i):5556 --nnodes=2:3 \\
-      --nproc_per_node=4 --rdzv_endpoint=localhost:5555 train.py
+      --nproc_per_node=4 --rdzv_endpoint=$ORCHESTRATOR_HOST:5555 --token_file tok train.py
 
   # asynchronous parameter-server mode: one PS, then workers (here or elsewhere)
   tfelastic-run --role ps --ps_address 127.0.0.1:7070 --ps_checkpoint_dir ckpt train.py
@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "certificate chain (needs --tls_key)")
     p.add_argument("--tls_key", metavar="PEM", help="the private key of --tls_cert")
     p.add_argument("--insecure", action="store_true",
-                   help="with --standalone: allow a non-loopback --rdzv_endpoint without a token")
+                   help="with --standalone (or --role ps): allow a non-loopback --rdzv_endpoint "
+                   "(--ps_address) without a token")
     p.add_argument("--log_dir", help="where each worker's full output (output.log) and error file "
                    "go (default: a new temporary directory)")
     p.add_argument("--verbose", action="store_true",
@@ -177,9 +178,13 @@ def _check_role_args(args: argparse.Namespace) -> None:
     if not args.ps_address:
         _die(f"--role {args.role} needs --ps_address HOST:PORT (where the PS listens)")
     try:
-        net.parse_address(args.ps_address, allow_port_zero=True)
-    except ValueError as e:
-        _die(f"--ps_address: {e}")
+        host, _ = net.parse_address(args.ps_address, allow_port_zero=True)
+        token = auth.load_token(args.token_file)
+    except (OSError, ValueError) as e:
+        _die(f"--ps_address: {e}" if isinstance(e, net.AddressError) else str(e))
+    refusal = auth.exposure_error(host, token, args.insecure) if args.role == PS else None
+    if refusal:
+        _die(f"--role ps: {refusal}")
     if args.role == PS and args.nproc_per_node != 1:
         _die("--role ps runs one parameter server process; drop --nproc_per_node")
     if args.role == WORKER and args.ps_checkpoint_dir:
@@ -189,21 +194,20 @@ def _check_role_args(args: argparse.Namespace) -> None:
 
 
 def _check_tls_args(args: argparse.Namespace) -> None:
-    if (args.tls_cert is None) != (args.tls_key is None):
-        _die("--tls_cert and --tls_key go together")
+    try:
+        args.tls_cert, args.tls_key = embedded.tls_files(args.tls_cert, args.tls_key)
+    except ValueError as e:
+        _die(str(e))
     if args.tls_cert and not args.standalone:
         _die("--tls_cert/--tls_key are for the orchestrator --standalone embeds; to reach a "
              "TLS orchestrator give --tls_ca")
-    if args.insecure and not args.standalone:
-        _die("--insecure is for the orchestrator --standalone embeds (tfelastic-orchestrator "
-             "has its own)")
+    if args.insecure and not args.standalone and args.role != PS:
+        _die("--insecure is for what this launcher serves (--standalone, --role ps); "
+             "tfelastic-orchestrator has its own")
     args.tls_ca = args.tls_ca or environment.text(environment.TLS_CA) or args.tls_cert
-    for flag in ("tls_ca", "tls_cert", "tls_key"):
-        path = getattr(args, flag)
-        if path and not os.path.isfile(path):
-            _die(f"--{flag} {path}: no such file")
-        if path:
-            setattr(args, flag, os.path.abspath(path))
+    if args.tls_ca and not os.path.isfile(args.tls_ca):
+        _die(f"--tls_ca {args.tls_ca}: no such file")
+    args.tls_ca = args.tls_ca and os.path.abspath(args.tls_ca)
 
 
 def _check_args(args: argparse.Namespace) -> tuple[int, int]:
@@ -264,23 +268,6 @@ def _check_reachable(endpoint: str, run_id: str, token: str | None, tls_ca: str 
                  f"--rdzv_endpoint", code=1)
 
 
-def _start_orchestrator(args: argparse.Namespace, endpoint: str, token: str | None,
-                        events_file: str | None) -> Orchestrator:
-    host, port = net.parse_address(endpoint, allow_port_zero=True)
-    refusal = auth.exposure_error(host, token, args.insecure)
-    if refusal:
-        _die(f"--standalone: {refusal}")
-    server = Orchestrator(host, port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                          events_file=events_file)
-    try:
-        server.start()
-    except (OSError, RuntimeError, TimeoutError) as e:
-        _die(f"cannot serve the orchestrator at {endpoint}: {e}; pick a free port with "
-             f"--rdzv_endpoint HOST:PORT", code=1)
-    print(f"listening on {server.endpoint}", flush=True)
-    return server
-
-
 def _on_signals(handler) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: handler(signum))
@@ -303,7 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     server = None
     endpoint = args.rdzv_endpoint or DEFAULT_ENDPOINT
     if args.standalone:
-        server = _start_orchestrator(args, args.rdzv_endpoint or "127.0.0.1:0", token, events_file)
+        try:
+            server = embedded.serve(args.rdzv_endpoint or "127.0.0.1:0", token, args.tls_cert,
+                                    args.tls_key, args.insecure, events_file)
+        except ValueError as e:
+            _die(f"--standalone: {e}")
+        except OSError as e:
+            _die(str(e), code=1)
         endpoint = server.endpoint
     try:
         if args.script == ORCHESTRATOR_ONLY:

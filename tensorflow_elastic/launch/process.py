@@ -47,9 +47,14 @@ class WorkerProcess:
             self._log = open(log_file, "a", encoding="utf-8")
         # The last lines the console showed, for the failure summary.
         self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
-        self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True,
-                                     pass_fds=tuple(pass_fds))
+        try:
+            self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, start_new_session=True,
+                                         pass_fds=tuple(pass_fds))
+        except BaseException:
+            if self._log is not None:
+                self._log.close()
+            raise
         self._pumps = [
             threading.Thread(target=self._pump,
                              args=(self.proc.stdout, stdout or sys.stdout, ConsoleFilter(verbose)),

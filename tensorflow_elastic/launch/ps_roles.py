@@ -50,6 +50,10 @@ class ParameterServerRoles:
                environment.RUN_ID: self.spec.run_id}
         if self.checkpoint_dir:
             env[environment.PS_CHECKPOINT_DIR] = self.checkpoint_dir
+        if self.spec.token:
+            env[environment.TOKEN] = self.spec.token
+        if self.spec.tls_ca:
+            env[environment.TLS_CA] = self.spec.tls_ca
         return env
 
     def inherited_sockets(self, slot: int) -> list[socket.socket]:

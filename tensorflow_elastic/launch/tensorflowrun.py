@@ -25,11 +25,12 @@ import threading
 import time
 from typing import NoReturn
 
-from tensorflow_elastic import environment, net
+from tensorflow_elastic import environment
+from tensorflow_elastic.launch import embedded
 from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
-from tensorflow_elastic.rendezvous import Client, Orchestrator, Phase, RendezvousError, auth
+from tensorflow_elastic.rendezvous import Client, Phase, RendezvousError, auth
 
 PROG = "tensorflowrun"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -199,7 +200,7 @@ class Supervisor:
         launch = ["-m", "tensorflow_elastic.launch.launcher",
                   "--rdzv_endpoint", self.endpoint, "--run_id", args.run_id,
                   "--nworkers", f"{args.min_nodes}:{args.max_nodes}",
-                  "--nproc_per_node", str(slots), "--address", host,
+                  "--nproc_per_node", str(slots), "--address", _bracketed(host),
                   "--max_restarts", str(args.max_restarts),
                   "--monitor_interval", str(args.monitor_interval),
                   "--stop_timeout", str(args.stop_timeout), "--elastic_mode", args.elastic_mode]
@@ -255,6 +256,11 @@ def _die(message: str) -> NoReturn:
     sys.exit(2)
 
 
+def _bracketed(host: str) -> str:
+    """An IPv6 host in brackets, so that the agent does not read its last group as a port."""
+    return f"[{host}]" if ":" in host else host
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     script = list(args.command)
@@ -282,25 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     if events_file:
         args.events_file = os.path.abspath(events_file)
     try:
-        host, port = net.parse_address(args.rdzv_endpoint, allow_port_zero=True)
         token = auth.load_token(args.token_file)
+        args.tls_cert, args.tls_key = embedded.tls_files(args.tls_cert, args.tls_key)
+        args.token_file = args.token_file and os.path.abspath(args.token_file)
+        server = embedded.serve(args.rdzv_endpoint, token, args.tls_cert, args.tls_key,
+                                args.insecure, args.events_file)
     except (OSError, ValueError) as e:
         _die(str(e))
-    if (args.tls_cert is None) != (args.tls_key is None):
-        _die("--tls_cert and --tls_key go together")
-    for flag in ("token_file", "tls_cert", "tls_key"):
-        if getattr(args, flag):
-            setattr(args, flag, os.path.abspath(getattr(args, flag)))
-    refusal = auth.exposure_error(host, token, args.insecure)
-    if refusal:
-        _die(refusal)
-    server = Orchestrator(host, port, token=token, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                          events_file=args.events_file)
-    try:
-        server.start()
-    except (OSError, RuntimeError, TimeoutError) as e:
-        _die(f"cannot serve the orchestrator at {args.rdzv_endpoint}: {e}")
-    print(f"listening on {server.endpoint}", flush=True)
     supervisor = Supervisor(args, server.endpoint, script, token)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: supervisor.request_stop(signum))

@@ -109,6 +109,7 @@ def run(*, model: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None,
     if dataset is None:
         raise ValueError("a worker needs its dataset (an iterable of batches)")
     worker = PSWorker(address, variables, gradient_fn, run_id=run_id,
-                      reconnect_timeout=reconnect_timeout, token=token, tls_ca_file=tls_ca_file)
+                      reconnect_timeout=reconnect_timeout, token=token,
+                      tls_ca_file=tls_ca_file or environment.text(environment.TLS_CA))
     _on_sigterm(worker.request_stop)
     return worker.run(dataset)

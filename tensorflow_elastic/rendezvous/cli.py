@@ -57,7 +57,7 @@ _SETTING_FLAGS = {
 }
 _POSITIVE_FLAGS = ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "watch_loss_grace",
                    "blocklist_cooldown", "blocklist_max_cooldown", "run_expiry", "max_runs",
-                   "max_watches_per_peer", "max_watches")
+                   "max_watches_per_peer", "max_watches", "blocklist_after", "max_value_bytes")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -165,7 +165,8 @@ class Run:
             raise RendezvousError(
                 f"run {state.run_id!r} was started with min_nodes={state.min_nodes} "
                 f"max_nodes={state.max_nodes} but this node asks for {min_nodes}:{max_nodes}; "
-                f"start every node with the same --nnodes", reason=RUN_MISMATCH)
+                f"start every launcher with the same --nnodes and --nproc_per_node, or the same "
+                f"--nworkers", reason=RUN_MISMATCH)
 
     # ------------------------------------------------------------------ calls
 

@@ -121,6 +121,10 @@ def test_the_orchestrator_keeps_its_state_on_the_claim_and_its_token_in_the_secr
     assert deployment["spec"]["strategy"]["type"] == "Recreate"
     ports = {p["containerPort"] for p in orchestrator["ports"]}
     assert args.port in ports and orchestrator["readinessProbe"]["grpc"]["port"] == args.port
+    # The orchestrator serves on every interface with a token; its metrics must too, or
+    # the Service that scrapes the pod's address reaches nothing.
+    assert args.host == "0.0.0.0" and args.metrics_port in ports
+    assert args.metrics_host == "0.0.0.0"
 
 
 def test_no_manifest_carries_a_token(manifest_file, load_manifest):

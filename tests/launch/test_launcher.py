@@ -22,6 +22,9 @@ pytestmark = pytest.mark.multiprocess
     (["--rdzv_endpoint", "nowhere", "SCRIPT"], "expected HOST:PORT"),
     (["missing_script.py"], "script 'missing_script.py' not found"),
     (["start"], "'start' runs only an orchestrator and needs --standalone"),
+    (["--standalone", "--rdzv_endpoint", "0.0.0.0:0", "SCRIPT"], "without a token"),
+    (["--role", "ps", "--ps_address", "0.0.0.0:7070", "SCRIPT"], "without a token"),
+    (["--tls_cert", "cert.pem", "SCRIPT"], "--tls_cert and --tls_key go together"),
 ])
 def test_bad_arguments_end_with_one_line_and_code_2(start, scripts, args, reason):
     proc = start(*[scripts.plain if a == "SCRIPT" else a for a in args])

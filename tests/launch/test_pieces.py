@@ -8,11 +8,13 @@ import sys
 
 import pytest
 
+from tensorflow_elastic.launch import tensorflowrun
 from tensorflow_elastic.launch.console import ConsoleFilter
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary, write_error_file
 from tensorflow_elastic.launch.hosts import Cooldown
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.process import WorkerProcess
+from tensorflow_elastic.launch.ps_roles import ParameterServerRoles
 from tensorflow_elastic.launch.restart import tf_config
 from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
 from tensorflow_elastic.observability import StepReporter, events, plot, timeline
@@ -181,3 +183,16 @@ def test_a_worker_s_whole_output_goes_to_its_log_file_and_the_console_gets_the_r
     assert log_file.read_text().splitlines() == _RECOVERY_OUTPUT[:6]
     assert console.getvalue() == "[node 1] step 100 loss 0.0322 world 3\n"
     assert worker.tail() == ["step 100 loss 0.0322 world 3"]
+
+
+def test_the_ps_roles_pass_the_token_and_the_tls_trust_to_their_processes():
+    spec = WorkerSpec("train.py", [], "", "job", 1, 1, token="s3cret", tls_ca="/etc/ca.pem")
+    env = ParameterServerRoles(spec, "worker", "127.0.0.1:7070").worker_env(0)
+    assert env["TFE_RDZV_TOKEN"] == "s3cret" and env["TFE_RDZV_TLS_CA"] == "/etc/ca.pem"
+    assert "TFE_RDZV_TOKEN" not in ParameterServerRoles(
+        WorkerSpec("train.py", [], "", "job", 1, 1), "ps", "127.0.0.1:7070").worker_env(0)
+
+
+@pytest.mark.parametrize("host, flag", [("10.0.0.5", "10.0.0.5"), ("fd00::5", "[fd00::5]")])
+def test_tensorflowrun_gives_agents_an_address_they_read_as_a_host(host, flag):
+    assert tensorflowrun._bracketed(host) == flag

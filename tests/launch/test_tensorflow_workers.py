@@ -159,8 +159,3 @@ def test_a_secured_job_passes_its_token_and_tls_trust_down_to_every_worker(start
     joined = proc.wait_for(r"joined as node (\d+) of generation 1", count=2)
     assert {int(m.group(1)) for m in joined} == {0, 1}
 
-
-def test_an_embedded_orchestrator_on_every_interface_needs_a_token(start, scripts):
-    proc = start("--standalone", "--rdzv_endpoint", "0.0.0.0:0", scripts.plain)
-    assert proc.wait(30) == 2
-    assert "without a token" in proc.output and "--insecure" in proc.output

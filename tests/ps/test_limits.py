@@ -18,8 +18,8 @@ from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import tensors
 from tensorflow_elastic.ps.client import PSClient
 from tensorflow_elastic.ps.config import PSConfig
-from tensorflow_elastic.ps.master import Master, QueueFull
 from tensorflow_elastic.ps.gradient import Gradient
+from tensorflow_elastic.ps.master import Master, QueueFull
 from tensorflow_elastic.ps.server import ParameterServer
 
 SIZE = 4  # the start_ps fixture's model: one float32 variable of this size

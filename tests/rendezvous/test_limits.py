@@ -15,9 +15,9 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import (Client, NodeRemovedError,
                                            Orchestrator, RendezvousError, RunSettings, service)
+from tensorflow_elastic.rendezvous import run_state
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import Run
-from tensorflow_elastic.rendezvous import run_state
 from tensorflow_elastic.rendezvous.run_state import Node, RunState
 from tensorflow_elastic.rendezvous.store import MemoryStore
 

@@ -91,7 +91,7 @@ BAD_REQUESTS = [
      "is not HOST:PORT"),
     ("no timeout", lambda m: _join(timeout_s=0), "INVALID_ARGUMENT", "must be > 0"),
     ("other nnodes", lambda m: _join(max_nodes=5), "FAILED_PRECONDITION",
-     "start every node with the same --nnodes"),
+     "start every launcher with the same --nnodes and --nproc_per_node"),
     ("unknown node", lambda m: ("Heartbeat", pb.HeartbeatRequest(run_id="job", node_id=99)),
      "FAILED_PRECONDITION", "never given out"),
     ("unknown run", lambda m: ("Heartbeat", pb.HeartbeatRequest(run_id="nope", node_id=0)),
