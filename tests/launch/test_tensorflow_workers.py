@@ -38,7 +38,8 @@ def test_seed_usage_two_launchers_then_a_preempted_one_leaves_gracefully(start, 
     orchestrator = start("--standalone", f"--rdzv_endpoint=127.0.0.1:{port()}",
                          f"--events_file={events_file}", "start")
     endpoint = orchestrator.wait_for(r"listening on (\S+)")[0].group(1)
-    common = [f"--rdzv_endpoint={endpoint}", "--nnodes=2:3", f"--events_file={events_file}"]
+    # Launchers of different sizes: the job's worker bounds are given directly.
+    common = [f"--rdzv_endpoint={endpoint}", "--nworkers=2:3", f"--events_file={events_file}"]
     a = start("--monitor_interval=1", f"--address=127.0.0.1:{port()}", "--nproc_per_node=2",
               *common, scripts.elastic, "80", "0.05")
     b = start("--monitor_interval=1", "--address=127.0.0.1", *common, scripts.elastic, "80", "0.05")
