@@ -54,10 +54,12 @@ _SETTING_FLAGS = {
     "max_runs": "runs this orchestrator serves at once; a new one beyond is refused",
     "max_watches_per_peer": "watch streams one host may hold open",
     "max_watches": "watch streams all hosts together may hold open",
+    "max_gathers": "barriers and exchanges one generation may hold",
 }
 _POSITIVE_FLAGS = ("heartbeat_timeout", "below_min_timeout", "probe_timeout", "watch_loss_grace",
                    "blocklist_cooldown", "blocklist_max_cooldown", "run_expiry", "max_runs",
-                   "max_watches_per_peer", "max_watches", "blocklist_after", "max_value_bytes")
+                   "max_watches_per_peer", "max_watches", "blocklist_after", "max_value_bytes",
+                   "max_gathers")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -40,6 +40,13 @@ class Gathers:
         self.changed(key).set()
         return True
 
+    def holds(self, key: str) -> bool:
+        return key in self._completed or key in self._pending
+
+    def __len__(self) -> int:
+        """How many gathers (pending or completed) this generation holds."""
+        return len(self._completed) + len(self._pending)
+
     def result(self, key: str) -> dict[int, bytes] | None:
         return self._completed.get(key)
 

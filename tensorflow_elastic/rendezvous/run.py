@@ -31,8 +31,8 @@ from typing import Any, AsyncIterator, Protocol
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import reachable
 from tensorflow_elastic.rendezvous.errors import (
-    GenerationChangedError, InvalidArgumentError, NodeRemovedError, RendezvousError,
-    RendezvousTimeoutError, RunFailedError, NOT_MEMBER, RUN_MISMATCH, UNKNOWN_NODE)
+    GenerationChangedError, InvalidArgumentError, LimitReachedError, NodeRemovedError,
+    RendezvousError, RendezvousTimeoutError, RunFailedError, NOT_MEMBER, RUN_MISMATCH, UNKNOWN_NODE)
 from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
 from tensorflow_elastic.rendezvous.run_state import Node, RunState, encode
 from tensorflow_elastic.rendezvous.settings import RunSettings
@@ -279,6 +279,10 @@ class Run:
         key = f"{kind}/{name}"
         deadline = time.monotonic() + timeout
         gathers = self._state.gathers
+        if not gathers.holds(key) and len(gathers) >= self._settings.max_gathers:
+            raise LimitReachedError(
+                f"generation {generation} already holds {len(gathers)} barriers and exchanges "
+                f"(--max_gathers); a new generation starts with none")
         if gathers.put(key, node_id, value, self._state.members.keys()):
             gathers.saved_as(key, self._save())
         while (values := gathers.result(key)) is None:

@@ -25,3 +25,5 @@ class RunSettings:
     max_runs: int = 1000
     max_watches_per_peer: int = 2000
     max_watches: int = 20_000
+    # Barriers and exchanges one generation may hold (a worker uses a handful).
+    max_gathers: int = 1000

@@ -177,3 +177,16 @@ def test_a_status_reply_too_large_is_cut_to_fit_with_a_note():
     for run in reply.runs:
         assert run.nodes and run.history[-1].event == "truncated"
         assert "left out" in run.history[-1].detail
+
+
+def test_barriers_and_exchanges_of_one_generation_are_capped(serve):
+    server, _ = serve(max_gathers=3)
+    with Client(server.endpoint, "job", retry_timeout=1) as member:
+        member.join("127.0.0.1:20001", 1, 1, timeout=10)
+        for name in ("a", "b", "c"):
+            member.barrier(name, timeout=5)
+        member.barrier("a", timeout=5)  # a retry of a held one is not a new gather
+        with pytest.raises(RendezvousError) as info:
+            member.barrier("d", timeout=5)
+    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "--max_gathers" in info.value.message
