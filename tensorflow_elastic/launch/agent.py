@@ -51,6 +51,7 @@ class Elasticity(Protocol):
     def worker_env(self, slot: int) -> dict[str, str]: ...
     def inherited_sockets(self, slot: int) -> list[socket.socket]: ...
     def new_address(self, slot: int) -> None: ...
+    def report_death(self, slot: int, cause: str) -> None: ...
     def exit_barrier(self) -> None: ...
     def leave(self, reason: str) -> None: ...
     def close(self) -> None: ...
@@ -173,7 +174,7 @@ class LocalAgent:
                                    stdout=self._stdout, stderr=self._stderr,
                                    pass_fds=[s.fileno() for s in inherited],
                                    log_file=os.path.join(worker_dir, "output.log"),
-                                   verbose=self.spec.verbose)
+                                   verbose=self.spec.verbose, on_exit=self._wake.set)
         finally:
             for held in inherited:
                 held.close()
@@ -232,6 +233,8 @@ class LocalAgent:
                             generation=self.elasticity.generation(),
                             failed=[] if failure.node_id is None else [failure.node_id],
                             cause=failure.cause, local_rank=slot, pid=failure.pid)
+        # Its peers may be blocked on it: the orchestrator learns it now, not at a timeout.
+        self.elasticity.report_death(slot, failure.cause)
         self._info("worker %d (node %s, pid %d) failed: %s", slot, self._node_text(slot),
                    failure.pid, failure.cause)
         return failure

@@ -104,6 +104,18 @@ class InProcessElasticity:
             stale.close()
         self._addresses[slot], self._held[slot] = self._ports.held_address()
 
+    def report_death(self, slot: int, cause: str) -> None:
+        """Tells the orchestrator that the slot's node died, so its peers re-form at once."""
+        if self.node_id(slot) is None:
+            self.refresh()  # it may have registered since the last look
+        node_id = self.node_id(slot)
+        if node_id is None:
+            return  # it died before it registered: nobody waits for it
+        try:
+            self._status_client.report_death(node_id, cause)
+        except RendezvousError as e:
+            logger.warning("could not report node %d's death: %s", node_id, e.message)
+
     def exit_barrier(self) -> None:
         """The workers pass their own exit barrier; an agent that hosts the orchestrator also
         waits until no node of the run still heartbeats, so it never pulls the service from

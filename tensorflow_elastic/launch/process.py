@@ -28,16 +28,19 @@ class WorkerProcess:
     """A started worker; ``label`` is called for every line so a node id learned later shows up.
 
     ``error_file`` is where the worker writes its uncaught exception ('' for none);
-    ``log_file`` (if given) receives every line of its output.
+    ``log_file`` (if given) receives every line of its output; ``on_exit`` is called when
+    its output closes, which is when it exits.
     """
 
     def __init__(self, argv: list[str], env: dict[str, str], error_file: str,
                  label: Callable[[], str], stdout: TextIO | None = None,
                  stderr: TextIO | None = None, pass_fds: Sequence[int] = (),
-                 log_file: str | None = None, verbose: bool = False):
+                 log_file: str | None = None, verbose: bool = False,
+                 on_exit: Callable[[], None] | None = None):
         self.argv = argv
         self.error_file = error_file
         self.log_file = log_file
+        self._on_exit = on_exit
         self.started_at = time.time()
         self._label = label
         self._lock = threading.Lock()
@@ -126,3 +129,5 @@ class WorkerProcess:
                 sink.write(f"[{self._label()}] {line}\n")
                 sink.flush()
         stream.close()
+        if self._on_exit is not None:
+            self._on_exit()  # its output closes when it exits: no need to wait for the next poll

@@ -66,6 +66,9 @@ class ParameterServerRoles:
     def exit_barrier(self) -> None:
         """The PS ends the job; there is nothing to wait for."""
 
+    def report_death(self, slot: int, cause: str) -> None:
+        """The PS finds a dead worker by its lease; there is no orchestrator to tell."""
+
     def leave(self, reason: str) -> None:
         """Workers leave the PS themselves (SIGTERM: push the gradient in flight, then leave)."""
 

@@ -145,6 +145,9 @@ class RestartElasticity:
         with ThreadPoolExecutor(len(self._clients)) as pool:
             list(pool.map(enter, self._clients))
 
+    def report_death(self, slot: int, cause: str) -> None:
+        """The agent's own clients are the members: the restart of the group is the report."""
+
     def leave(self, reason: str) -> None:
         for client in self._clients:
             client.stop_heartbeats()

@@ -184,6 +184,11 @@ class Client:
             peers=peers, reason=reason), timeout=self.call_timeout + 2 * len(peers))
         return list(r.confirmed), list(r.alive)
 
+    def report_death(self, node_id: int, reason: str = "") -> None:
+        """Tells the orchestrator that node ``node_id``'s process has died (its agent saw it)."""
+        self._call(self._stub.ReportFailure, lambda: pb.ReportFailureRequest(
+            run_id=self.run_id, node_id=node_id, peers=[node_id], reason=reason))
+
     def barrier(self, name: str, timeout: float = 60.0) -> None:
         """Returns once every member of this node's generation has entered ``name``."""
         deadline = time.monotonic() + timeout

@@ -247,9 +247,16 @@ class Run:
         are members now: a member that died while the others re-formed is
         removed at once, not at its heartbeat timeout. The orchestrator's own
         probe decides, so a stale reporter cannot remove a live node.
+
+        A node that reports only itself is dead: its agent saw its process
+        exit. It is removed at once, member, waiting or registered alike, with
+        no probe (its port may already belong to its replacement).
         """
+        if peers == [node_id]:
+            return await self._remove_dead(node_id, reason)
         if node_id in peers:
-            raise InvalidArgumentError(f"node {node_id} reported itself; use Leave instead")
+            raise InvalidArgumentError(
+                f"node {node_id} reported itself among other peers; report its death alone")
         members = self._state.members
         if self._is_current_member(node_id, generation):
             for peer in peers:
@@ -301,6 +308,14 @@ class Run:
         await self._committer.wait(gathers.save_ticket(key))
         self._check_member(node_id, generation)
         return dict(values)
+
+    async def _remove_dead(self, node_id: int, reason: str) -> tuple[list[int], list[int]]:
+        if not self._state.was_removed(node_id):
+            self._check_not_failed()
+            self._known_node(node_id)
+            await self._committer.wait(self._remove(
+                [node_id], f"its process died: {reason or 'reported by its agent'}", failed=True))
+        return [node_id], []
 
     async def leave(self, node_id: int, reason: str) -> None:
         if self._state.was_removed(node_id):

@@ -14,7 +14,8 @@ import pytest
 from tensorflow_elastic.observability.events import read_events
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
-from tensorflow_elastic.rendezvous import BlocklistedError, NodeRemovedError, RunFailedError
+from tensorflow_elastic.rendezvous import (BlocklistedError, NodeRemovedError, RendezvousError,
+                                           RunFailedError)
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
 
 pytestmark = pytest.mark.multiprocess
@@ -239,3 +240,33 @@ def test_a_live_member_whose_watch_broke_stays(start_orchestrator, nodes_for):
     time.sleep(2.0)
     assert a.heartbeat().generation == 1
     assert b.heartbeat().member
+
+
+def test_a_member_its_agent_reports_dead_is_removed_at_once_without_a_probe(orchestrator,
+                                                                           nodes_for):
+    nodes = nodes_for(orchestrator.endpoint)
+    (a, m), (b, _) = sorted(nodes.join(2, 1, 2), key=lambda j: j[1].node_id)
+    # b's process died; its port may already be someone else's, so nobody probes it.
+    nodes.client().report_death(b.node_id, "killed by SIGKILL")
+    m2 = a.join(timeout=10)
+    assert m2.generation == m.generation + 1 and sorted(m2.members) == [a.node_id]
+    [run] = a.status()
+    assert any("its process died: killed by SIGKILL" in h["detail"] for h in run.history)
+    nodes.client().report_death(b.node_id, "killed by SIGKILL")  # a repeat changes nothing
+    assert a.heartbeat().generation == m2.generation
+
+
+def test_a_registered_standby_its_agent_reports_dead_does_not_linger(orchestrator, nodes_for):
+    nodes = nodes_for(orchestrator.endpoint)
+    [(member, _)] = nodes.join(1, 1, 2)
+    standby = nodes.client()
+    standby.register("127.0.0.1:20002", 1, 2)
+    nodes.client().report_death(standby.node_id, "exit code 1")
+    [run] = member.status()
+    assert standby.node_id not in [n.node_id for n in run.nodes]
+
+
+def test_a_node_that_names_itself_among_other_peers_is_refused(orchestrator, nodes_for):
+    (a, _), (b, _) = nodes_for(orchestrator.endpoint).join(2, 2, 2)
+    with pytest.raises(RendezvousError, match="report its death alone"):
+        a.report_failure([a.node_id, b.node_id])

@@ -164,28 +164,25 @@ def test_every_interface_without_a_token_is_refused(tmp_path):
     assert "without a token" in out.stderr and "--insecure" in out.stderr
 
 
-def test_the_orchestrator_and_its_metrics_listen_on_loopback_by_default(tmp_path):
+def _first_two_lines(*flags: str) -> list[str]:
+    """What tfelastic-orchestrator prints first with `flags` and `--port 0`; then it is killed."""
     proc = subprocess.Popen([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port", "0",
-                             "--metrics_port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        lines = [proc.stdout.readline() for _ in range(2)]
+        return [proc.stdout.readline() for _ in range(2)]
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_the_orchestrator_and_its_metrics_listen_on_loopback_by_default():
+    lines = _first_two_lines("--metrics_port", "0")
     assert lines[0].startswith("metrics on http://127.0.0.1:"), lines
     assert lines[1].startswith("listening on 127.0.0.1:"), lines
 
 
 def test_insecure_allows_every_interface_with_a_warning():
-    proc = subprocess.Popen([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port", "0",
-                             "--host", "0.0.0.0", "--insecure"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    try:
-        lines = [proc.stdout.readline() for _ in range(2)]
-    finally:
-        proc.kill()
-        proc.wait(10)
+    lines = _first_two_lines("--host", "0.0.0.0", "--insecure")
     assert lines[0].startswith("warning: no token") and lines[1].startswith("listening on 0.0.0.0:")
 def test_refusals_of_one_peer_are_logged_once_per_interval_with_their_count(caplog):
     now = [0.0]
