@@ -2,13 +2,15 @@
 
 import os
 import socket
+import threading
+import time
 
 import pytest
 
 from tensorflow_elastic import environment, net
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous.session import MembershipSession
-from tensorflow_elastic.strategy import runtime
+from tensorflow_elastic.strategy import cluster, runtime
 
 
 class _UnusedClient:
@@ -85,3 +87,31 @@ def test_a_given_address_whose_port_is_taken_fails_at_init_with_the_fix(monkeypa
         monkeypatch.setattr(runtime, "_runtime", None)
         with pytest.raises(ElasticJobFailed, match=f"{address} cannot be used.*free port"):
             runtime.init(endpoint="127.0.0.1:1", address=address)
+
+
+class _SlowProbes:
+    """A stand-in TensorFlow context: every probe takes a while, some peers never answer."""
+
+    def __init__(self, dead: set[int]):
+        self.dead = dead
+        self.active = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def check_collective_ops_peer_health(self, task: str, timeout_in_ms: int) -> None:
+        with self._lock:
+            self.active += 1
+            self.most_at_once = max(self.most_at_once, self.active)
+        time.sleep(0.2)
+        with self._lock:
+            self.active -= 1
+        if int(task.rsplit(":", 1)[1]) in self.dead:
+            raise RuntimeError("deadline exceeded")
+
+
+def test_peers_are_probed_at_once_and_only_the_silent_ones_are_reported(monkeypatch):
+    probes = _SlowProbes(dead={2, 5})
+    monkeypatch.setattr(cluster.context, "context", lambda: probes)
+    members = {n: f"127.0.0.1:{2000 + n}" for n in (1, 2, 3, 5)}
+    assert cluster.unreachable_peers(members, node_id=1) == [2, 5]
+    assert probes.most_at_once == 3  # one timeout for all, not one per peer
