@@ -219,16 +219,17 @@ class Client:
     # ------------------------------------------------------------ heartbeats
 
     def start_heartbeats(self, interval: float = 1.0,
-                         on_reply: Callable[[HeartbeatInfo], None] | None = None) -> None:
+                         on_reply: Callable[[HeartbeatInfo], None] | None = None,
+                         on_stop: Callable[[Exception], None] | None = None) -> None:
         """Heartbeats every ``interval`` seconds in a daemon thread until :meth:`stop_heartbeats`.
 
         ``on_reply`` sees every reply. :attr:`heartbeat_error` holds the error
         of the last heartbeat (None after a success); transient ones
         (unreachable, cancelled, late) are retried at the next interval, others
-        (node removed, run failed) end the thread.
+        (node removed, run failed, a bug) end the thread, and ``on_stop`` hears why.
         """
         self.stop_heartbeats()
-        self._heartbeats = _Heartbeats(self, interval, on_reply)
+        self._heartbeats = _Heartbeats(self, interval, on_reply, on_stop)
 
     def stop_heartbeats(self) -> None:
         if self._heartbeats is not None:
@@ -271,16 +272,27 @@ class Client:
 
 class _Heartbeats:
     def __init__(self, client: Client, interval: float,
-                 on_reply: Callable[[HeartbeatInfo], None] | None):
+                 on_reply: Callable[[HeartbeatInfo], None] | None,
+                 on_stop: Callable[[Exception], None] | None):
         self._client = client
         self._interval = interval
         self._on_reply = on_reply
+        self._on_stop = on_stop
         self._stop = threading.Event()
         self.error: Exception | None = None
         self._thread = threading.Thread(target=self._loop, name="tfelastic-heartbeat", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
+        try:
+            self._beat()
+        except Exception as e:  # noqa: BLE001 - the owner must hear why its heartbeats ended
+            self.error = e
+            logger.exception("heartbeats to the orchestrator stopped")
+            if self._on_stop is not None:
+                self._on_stop(e)
+
+    def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 info = self._client.heartbeat()
@@ -288,7 +300,7 @@ class _Heartbeats:
                 self.error = e  # kept for the owner
                 if e.code in _TRANSIENT:
                     continue
-                return  # removed, run failed, ...: more heartbeats cannot help
+                raise  # removed, run failed, ...: more heartbeats cannot help
             self.error = None
             if self._on_reply is not None:
                 try:

@@ -97,7 +97,8 @@ class MembershipSession:
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
-        self.client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat)
+        self.client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat,
+                                     self._on_heartbeats_stopped)
         self._watch_thread = threading.Thread(target=self._watch, name="tfe-watch", daemon=True)
         self._watch_thread.start()
 
@@ -209,8 +210,8 @@ class MembershipSession:
     def leave(self, reason: str) -> None:
         self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
                            reason=reason)
+        self.close()  # first: a heartbeat after the leave would find the node gone
         self.client.leave(reason)
-        self.close()
 
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
@@ -243,11 +244,11 @@ class MembershipSession:
             logger.info("generation %d ended at the exit barrier", self.generation)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
+        self.close()  # first: a heartbeat after the leave would find the node gone
         try:
             self.client.leave("job complete")
         except RendezvousError as e:
             logger.info("leave after the job: %s", e)
-        self.close()
 
     def close(self) -> None:
         self.client.stop_heartbeats()
@@ -272,6 +273,14 @@ class MembershipSession:
         elif self.membership is not None and not self.standby \
                 and info.generation > self.membership.generation:
             self._note_unplanned_change(f"generation {info.generation} started")
+
+    def _on_heartbeats_stopped(self, error: Exception) -> None:
+        """This node can no longer prove it is alive (it was removed, the run failed, a bug):
+        training here must end with that reason, not hang on peers that moved on."""
+        reason = getattr(error, "message", None) or str(error)
+        logger.error("heartbeats to the orchestrator stopped: %s", reason)
+        self._failure_reason = f"this node lost its place in the job: {reason}"
+        self._tell_peers_lost(f"heartbeats stopped: {reason}")
 
     def _watch(self) -> None:
         try:

@@ -1,8 +1,12 @@
-"""The membership session's protocol checks that need no orchestrator (a stand-in client)."""
+"""The membership session's protocol: checks with a stand-in client, and with an embedded
+orchestrator where the session must react to what the orchestrator did."""
+
+import time
 
 import pytest
 
-from tensorflow_elastic.rendezvous import Membership
+from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic.rendezvous import Client, Membership, Orchestrator
 from tensorflow_elastic.rendezvous.errors import GenerationChangedError
 from tensorflow_elastic.rendezvous.session import MembershipSession
 
@@ -70,3 +74,40 @@ def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
     session.finish_step_together()
     assert session.client.barriers == [("change-7", True)]
     assert not session._reforming.is_set()
+
+
+def _watching_session(endpoint: str, max_nodes: int) -> tuple[MembershipSession, list[str]]:
+    """A started session of a one-node job, and the reasons its peers-lost listener heard."""
+    session = MembershipSession(Client(endpoint, "job"), "127.0.0.1:20001", 1, max_nodes)
+    lost: list[str] = []
+    session.on_peers_lost(lost.append)
+    session.start()
+    session.start_watching()
+    return session, lost
+
+
+def test_a_node_removed_while_it_trains_fails_loudly_instead_of_hanging(caplog):
+    with Orchestrator("127.0.0.1", 0) as server:
+        session, lost = _watching_session(server.endpoint, 2)
+        try:
+            # Its agent (or the heartbeat timeout) removed it while it was busy.
+            with Client(server.endpoint, "job") as other:
+                other.report_death(session.node_id, "frozen past the heartbeat timeout")
+            deadline = time.monotonic() + 20
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with pytest.raises(ElasticJobFailed, match="lost its place in the job"):
+                session.check_job_alive()
+            assert any("heartbeats stopped" in reason for reason in lost)
+            assert "heartbeats to the orchestrator stopped" in caplog.text
+        finally:
+            session.close()
+
+
+def test_a_clean_finish_is_no_lost_place():
+    with Orchestrator("127.0.0.1", 0) as server:
+        session, lost = _watching_session(server.endpoint, 1)
+        session.finish(step=3)
+        time.sleep(1.5)  # three heartbeat intervals: none may follow the leave
+        session.check_job_alive()
+        assert lost == []
