@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Callable
 
+from tensorflow_elastic.observability.throttle import Throttle
+
 logger = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 10.0
@@ -24,25 +26,18 @@ class Refusals:
 
     def __init__(self, log_interval: float = LOG_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic):
-        self._log_interval = log_interval
-        self._clock = clock
+        self._throttle = Throttle(log_interval, clock)
         self._lock = threading.Lock()
         self._counts: collections.Counter[str] = collections.Counter()
-        self._unlogged: collections.Counter[str] = collections.Counter()
-        self._logged_at: dict[str, float] = {}
 
     def record(self, reason: str, message: str) -> None:
         """Counts one refusal; logs it unless ``reason`` was logged within the interval."""
-        now = self._clock()
         with self._lock:
             self._counts[reason] += 1
-            self._unlogged[reason] += 1
-            last = self._logged_at.get(reason)
-            if last is not None and now - last < self._log_interval:
-                return
-            self._logged_at[reason] = now
-            count = self._unlogged.pop(reason)
-        logger.warning("refused %d call(s) (%s) since the last report: %s", count, reason, message)
+        count = self._throttle.note(reason)
+        if count:
+            logger.warning("refused %d call(s) (%s) since the last report: %s", count, reason,
+                           message)
 
     def counts(self) -> dict[str, int]:
         with self._lock:

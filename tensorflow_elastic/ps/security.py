@@ -11,7 +11,6 @@ TLS credentials.
 
 from __future__ import annotations
 
-import hmac
 from typing import Any, Callable, Sequence
 
 import grpc
@@ -37,14 +36,12 @@ class TokenGate(grpc.ServerInterceptor):
     """Lets through only calls that carry ``token``, compared in constant time."""
 
     def __init__(self, token: str, refusals: Refusals):
-        ((self._header, expected),) = auth.metadata(token)
-        self._expected = expected.encode()
+        self._check = auth.TokenCheck(token)
         self._refusals = refusals
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Any],
                           handler_call_details: grpc.HandlerCallDetails) -> Any:
-        presented = dict(handler_call_details.invocation_metadata or ()).get(self._header, "")
-        if hmac.compare_digest(str(presented).encode(), self._expected):
+        if self._check.admits(handler_call_details):
             return continuation(handler_call_details)
         self._refusals.record(UNAUTHENTICATED, f"{handler_call_details.method} without the "
                                                f"right token")

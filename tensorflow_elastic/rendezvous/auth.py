@@ -13,7 +13,6 @@ prober shows up without flooding the log.
 
 from __future__ import annotations
 
-import collections
 import hmac
 import logging
 import os
@@ -23,6 +22,7 @@ from typing import Awaitable, Callable
 import grpc
 
 from tensorflow_elastic import environment, net, rpc
+from tensorflow_elastic.observability.throttle import Throttle
 
 _HEADER = "authorization"
 _OPEN_SERVICES = ("/grpc.health.v1.Health/",)
@@ -63,12 +63,24 @@ def metadata(token: str | None) -> tuple[tuple[str, str], ...]:
     return ((_HEADER, f"Bearer {token}"),) if token else ()
 
 
+class TokenCheck:
+    """Whether a call carries the shared token, compared in constant time."""
+
+    def __init__(self, token: str):
+        ((self._header, expected),) = metadata(token)
+        self._expected = expected.encode()
+
+    def admits(self, call: grpc.HandlerCallDetails) -> bool:
+        presented = dict(call.invocation_metadata or ()).get(self._header, "")
+        return hmac.compare_digest(str(presented).encode(), self._expected)
+
+
 class TokenInterceptor(grpc.aio.ServerInterceptor):
     """Rejects calls whose token does not match, in constant time; ``on_refused`` gets the
     method of each refused call."""
 
     def __init__(self, token: str, on_refused: Callable[[str], None] = lambda method: None):
-        self._expected = f"Bearer {token}".encode()
+        self._check = TokenCheck(token)
         self._on_refused = on_refused
         self._log = RefusalLog()
 
@@ -78,8 +90,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         if handler_call_details.method.startswith(_OPEN_SERVICES):
             return await continuation(handler_call_details)
-        presented = dict(handler_call_details.invocation_metadata or ()).get(_HEADER, "")
-        if hmac.compare_digest(str(presented).encode(), self._expected):
+        if self._check.admits(handler_call_details):
             return await continuation(handler_call_details)
         method = handler_call_details.method
         self._on_refused(method)
@@ -95,26 +106,18 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
 class RefusalLog:
     """Logs refused calls: one line per peer host per :data:`REFUSAL_LOG_INTERVAL_S`, naming
-    how many calls were refused since its last line; the least recent peers are forgotten."""
+    how many calls were refused since its last line."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self._clock = clock
-        # peer host -> (when its last line was logged, calls refused since)
-        self._peers: collections.OrderedDict[str, tuple[float, int]] = collections.OrderedDict()
+        self._throttle = Throttle(REFUSAL_LOG_INTERVAL_S, clock, _REFUSAL_LOG_PEERS)
 
     def refused(self, peer: str, method: str) -> None:
         host = rpc.peer_host(peer)
-        now = self._clock()
-        logged_at, count = self._peers.pop(host, (None, 0))
-        count += 1
-        if logged_at is None or now - logged_at >= REFUSAL_LOG_INTERVAL_S:
+        count = self._throttle.note(host)
+        if count:
             logger.warning("refused calls without the right token from %s: %d since the last "
                            "such line (the last one: %s); give that client the orchestrator's "
                            "token (--token_file or $%s)", host, count, method, environment.TOKEN)
-            logged_at, count = now, 0
-        self._peers[host] = (logged_at, count)
-        while len(self._peers) > _REFUSAL_LOG_PEERS:
-            self._peers.popitem(last=False)
 
 
 def server_credentials(cert_file: str, key_file: str) -> grpc.ServerCredentials:

@@ -184,6 +184,8 @@ def test_the_orchestrator_and_its_metrics_listen_on_loopback_by_default():
 def test_insecure_allows_every_interface_with_a_warning():
     lines = _first_two_lines("--host", "0.0.0.0", "--insecure")
     assert lines[0].startswith("warning: no token") and lines[1].startswith("listening on 0.0.0.0:")
+
+
 def test_refusals_of_one_peer_are_logged_once_per_interval_with_their_count(caplog):
     now = [0.0]
     log = auth.RefusalLog(clock=lambda: now[0])
