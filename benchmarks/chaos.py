@@ -1,0 +1,401 @@
+"""Chaos benchmark: N faults at random points of a realistic elastic loop, and what each one cost.
+
+One job: `tfelastic-run --standalone --nworkers 2:3 --nproc_per_node 3
+--max_restarts <large>` runs benchmarks/chaos_worker.py (the documented elastic
+input, a commit every step, --compute_ms of CPU work between steps). Killed
+workers come back through the launcher as new nodes. Faults, in a seeded
+random order:
+
+* kill_step / kill_chief_step: SIGKILL of a member (or the chief) at a random
+  offset within a step;
+* kill_commit: a member (the chief half the time) SIGKILLs itself in a commit;
+* kill_sync_join: a member SIGKILLs itself in the state sync that admits a
+  newcomer;
+* kill_chief_join: SIGKILL of the chief as soon as a newcomer asks to join;
+* stall (--stalls of the faults): SIGSTOP of a member for the heartbeat timeout
+  plus 2 s, then SIGCONT (the orchestrator has removed it by then: it fails
+  and its launcher restarts it);
+* a vanished host (link down) needs network namespaces per worker, which a
+  single launcher does not give: reported as null.
+
+Measured per fault from the events file and the workers' step lines (Unix
+times): detection (the fault -> the first failure_detected event), recovery
+(the fault -> every survivor's first completed step in a later generation) and
+lost steps (completed steps done again, plus the step in flight when a member
+rolled back). At the end the workers train to a common step; every element id
+must have been trained on exactly once (a histogram summed in the step's own
+all-reduce) and the weights must equal a single-process replay of the same
+global batches.
+
+Prints one line per fault, a table, and as its last line the JSON summary
+{"faults", "recovery_p50_s", "recovery_p90_s", "recovery_max_s",
+"vanished_host_s", "lost_steps_max", "exactly_once", "equal_to_replay", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from compare import Job, LauncherProcess, _tagged_pids  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(HERE))
+from tensorflow_elastic.observability import events as ev  # noqa: E402
+
+WORKER = os.path.join(HERE, "chaos_worker.py")
+KILL_KINDS = ("kill_step", "kill_chief_step", "kill_commit", "kill_sync_join", "kill_chief_join")
+HEARTBEAT_TIMEOUT_S = 10.0  # the embedded orchestrator's default
+WAIT_S = 180.0
+FEATURES = 8
+LEARNING_RATE = 0.05
+
+
+class EventTail:
+    """The events file, read incrementally."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.events: list[dict] = []
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.events
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.strip():
+                self.events.append(json.loads(line))
+        return self.events
+
+    def generations(self) -> list[dict]:
+        """The orchestrator's generation_start events, in order."""
+        return [e for e in self.poll() if e["event"] == ev.GENERATION_START
+                and e.get("source") == "orchestrator"]
+
+
+@dataclasses.dataclass
+class Fault:
+    kind: str
+    t0: float
+    victim: int
+    generation: int
+    members: list[int]
+    detection_s: float | None = None
+    recovery_s: float | None = None
+    lost_steps: int | None = None
+
+
+class ChaosJob(Job):
+    def __init__(self, tmp: str, args: argparse.Namespace):
+        super().__init__()
+        self.control = os.path.join(tmp, "control")
+        os.makedirs(self.control)
+        self.events = EventTail(os.path.join(tmp, "events.jsonl"))
+        self.launcher = LauncherProcess(
+            [sys.executable, "-m", "tensorflow_elastic.distributed.launch", "--standalone",
+             "--nworkers=2:3", "--nproc_per_node=3", "--max_restarts=100000",
+             f"--monitor_interval={args.monitor_interval}", "--stop_timeout=10",
+             f"--events_file={self.events.path}", f"--log_dir={os.path.join(tmp, 'logs')}",
+             WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
+             "--compute_ms", str(args.compute_ms), "--bins", str(args.bins)], self.env)
+
+    def steps(self) -> list[dict]:
+        return [r for r in list(self.launcher.records) if "step" in r and "done" not in r]
+
+    def pid_of(self, node: int) -> int:
+        return max((r for r in self.steps() if r["node"] == node), key=lambda r: r["t"])["pid"]
+
+    def current(self) -> dict:
+        gens = self.events.generations()
+        return gens[-1] if gens else {"generation": 0, "members": []}
+
+    def stepping(self, generation: int, members: list[int], steps: int) -> bool:
+        """Every member has completed `steps` steps in `generation`."""
+        done = {}
+        for r in self.steps():
+            if r["generation"] == generation:
+                done[r["node"]] = done.get(r["node"], 0) + 1
+        return all(done.get(m, 0) >= steps for m in members)
+
+    def signal(self, pid: int, sig: int) -> None:
+        if pid <= 1 or pid not in _tagged_pids(self.tag):
+            raise RuntimeError(f"pid {pid} is not a worker of this job")
+        os.kill(pid, sig)
+
+    def check_alive(self) -> None:
+        if self.launcher.proc.poll() is not None:
+            raise RuntimeError(f"the launcher exited ({self.launcher.proc.returncode}):\n"
+                               f"{self.launcher.stderr_tail(40)}")
+
+    def close(self) -> None:
+        self.launcher.stop(signal.SIGTERM)
+        super().close()
+
+
+def wait(job: ChaosJob, predicate, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        job.check_alive()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(0.01)
+
+
+def newcomer_joined(job: ChaosJob, after: float, members: list[int], times: int) -> int | None:
+    """A node, not among `members`, with `times` node_joined events since `after`
+    (1: registered, 2: asks to join)."""
+    seen: dict[int, int] = {}
+    for e in job.events.poll():
+        if e["event"] == ev.NODE_JOINED and e["time"] > after and e["node"] not in members:
+            seen[e["node"]] = seen.get(e["node"], 0) + 1
+            if seen[e["node"]] >= times:
+                return e["node"]
+    return None
+
+
+def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Fault:
+    """Waits for the point the fault needs, inflicts it; returns it with its start time."""
+    if kind in ("kill_sync_join", "kill_chief_join"):
+        # World 2 after the previous fault; its replacement is on its way.
+        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == 2
+                                 and job.stepping(g["generation"], g["members"], 3) else None)(
+            job.current()), "two members training")
+        members = gen["members"]
+        if kind == "kill_sync_join":
+            wait(job, lambda: newcomer_joined(job, gen["time"], members, 1), "a newcomer")
+            victim = rng.choice(members)
+            pid = job.pid_of(victim)
+            with open(os.path.join(job.control, f"kill-{pid}"), "w") as f:
+                f.write("sync")
+            killed = os.path.join(job.control, f"killed-{pid}")
+            wait(job, lambda: os.path.exists(killed), "the kill in the sync")
+            with open(killed) as f:
+                t0 = float(f.read().split()[0])
+        else:
+            wait(job, lambda: newcomer_joined(job, gen["time"], members, 2),
+                 "a newcomer asking to join")
+            time.sleep(rng.uniform(0.0, 0.1))
+            victim = min(members)
+            t0 = time.time()
+            job.signal(job.pid_of(victim), signal.SIGKILL)
+    else:
+        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == 3
+                                 and job.stepping(g["generation"], g["members"], 5) else None)(
+            job.current()), "three members training")
+        members = gen["members"]
+        chief = kind == "kill_chief_step" or (kind == "kill_commit" and rng.random() < 0.5)
+        victim = min(members) if chief else rng.choice(members[1:])
+        pid = job.pid_of(victim)
+        if kind == "kill_commit":
+            with open(os.path.join(job.control, f"kill-{pid}"), "w") as f:
+                f.write("commit")
+            killed = os.path.join(job.control, f"killed-{pid}")
+            wait(job, lambda: os.path.exists(killed), "the kill in a commit")
+            with open(killed) as f:
+                t0 = float(f.read().split()[0])
+        elif kind == "stall":
+            t0 = time.time()
+            job.signal(pid, signal.SIGSTOP)
+            time.sleep(HEARTBEAT_TIMEOUT_S + 2.0)
+            job.signal(pid, signal.SIGCONT)
+        else:
+            last = max(r["t"] for r in job.steps() if r["node"] == victim)
+            wait(job, lambda: max(r["t"] for r in job.steps() if r["node"] == victim) > last,
+                 "a step of the victim")
+            time.sleep(rng.uniform(0.0, step_s))
+            t0 = time.time()
+            job.signal(pid, signal.SIGKILL)
+    at = [g for g in job.events.generations() if g["time"] <= t0][-1]
+    return Fault(kind, t0, victim, at["generation"], at["members"])
+
+
+def measure(job: ChaosJob, fault: Fault) -> None:
+    """Waits until every survivor completed a step of a later generation; fills the figures."""
+    survivors = [m for m in fault.members if m != fault.victim]
+
+    def recovered():
+        firsts = {}
+        for r in job.steps():
+            if r["node"] in survivors and r["generation"] > fault.generation and r["t"] > fault.t0:
+                firsts.setdefault(r["node"], r)
+        return firsts if len(firsts) == len(survivors) else None
+
+    firsts = wait(job, recovered, f"recovery from {fault.kind} of node {fault.victim}")
+    fault.recovery_s = max(r["t"] for r in firsts.values()) - fault.t0
+    detected = [e["time"] for e in job.events.poll()
+                if e["event"] == ev.FAILURE_DETECTED and e["time"] >= fault.t0]
+    fault.detection_s = min(detected) - fault.t0 if detected else None
+    end = max(r["t"] for r in firsts.values())
+    old = [r["step"] for r in job.steps() if r["node"] in survivors
+           and r["generation"] <= fault.generation]
+    new_first = min(r["step"] for r in firsts.values())
+    redone = max(0, max(old, default=0) - new_first + 1)
+    rolled_back = [e for e in job.events.poll() if e["event"] == ev.STATE_RESTORED
+                   and fault.t0 <= e["time"] <= end]
+    fault.lost_steps = redone + max((e.get("lost_steps", 0) for e in rolled_back), default=0)
+
+
+def replay(steps: int, global_batch: int, bins: int):
+    """Weights and id histogram of one process applying the same global batches."""
+    import numpy as np
+
+    k = np.arange(1, FEATURES // 2 + 1, dtype=np.float64)
+    true = np.linspace(-1.0, 1.0, FEATURES)
+    w = np.zeros(FEATURES)
+    for step in range(steps):
+        i = np.arange(step * global_batch, (step + 1) * global_batch, dtype=np.float64)
+        angles = i[:, None] * k[None, :] * 0.37
+        x = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
+        grad = 2 * x.T @ (x @ w - x @ true) / global_batch
+        w = w - LEARNING_RATE * grad
+    counts = np.bincount(np.arange(steps * global_batch) % bins, minlength=bins)
+    return w, counts
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def plan(faults: int, stalls: int, rng: random.Random) -> list[str]:
+    kinds = [KILL_KINDS[i % len(KILL_KINDS)] for i in range(faults - stalls)]
+    rng.shuffle(kinds)
+    for i in range(stalls):
+        kinds.insert((i + 1) * len(kinds) // (stalls + 1), "stall")
+    # A join fault needs world 2 (the previous fault's replacement on its way): never first.
+    if kinds and kinds[0] in ("kill_sync_join", "kill_chief_join"):
+        first = next(i for i, k in enumerate(kinds) if k not in ("kill_sync_join",
+                                                                 "kill_chief_join"))
+        kinds[0], kinds[first] = kinds[first], kinds[0]
+    return kinds
+
+
+def run(args: argparse.Namespace, tmp: str) -> dict:
+    import numpy as np
+
+    rng = random.Random(args.seed)
+    job = ChaosJob(tmp, args)
+    faults: list[Fault] = []
+    hangs = 0
+    try:
+        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == 3 and job.stepping(
+            g["generation"], g["members"], 20) else None)(job.current()), "the job to start")
+        times = sorted(r["t"] for r in job.steps() if r["node"] == gen["members"][0])
+        step_s = statistics.median(b - a for a, b in zip(times, times[1:]))
+        for i, kind in enumerate(plan(args.faults, args.stalls, rng)):
+            fault = inflict(job, kind, rng, step_s)
+            try:
+                measure(job, fault)
+            except TimeoutError:
+                hangs += 1
+                raise
+            finally:
+                faults.append(fault)
+            print(f"[{i + 1}/{args.faults}] {fault.kind:<16} node {fault.victim:>3} gen "
+                  f"{fault.generation:>3}: detection {_fmt(fault.detection_s)} recovery "
+                  f"{_fmt(fault.recovery_s)} lost steps {fault.lost_steps}", flush=True)
+        target = max(r["step"] for r in job.steps()) + 20
+        with open(os.path.join(job.control, "stop.tmp"), "w") as f:
+            f.write(str(target))
+        os.rename(os.path.join(job.control, "stop.tmp"), os.path.join(job.control, "stop"))
+        finals = wait(job, lambda: (lambda d: d if len(d) >= len(job.current()["members"])
+                                    else None)([r for r in list(job.launcher.records)
+                                                if r.get("done")]), "the end of training")
+        wait(job, lambda: job.launcher.proc.poll() is not None, "the launcher to finish", 60)
+    finally:
+        job.close()
+    weights, counts = replay(target, args.global_batch, args.bins)
+    exactly_once = all(r["step"] == target and r["counts"] == counts.tolist() for r in finals)
+    equal = all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12) for r in finals)
+    return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
+            "equal_to_replay": equal, "steps": target, "step_s": step_s,
+            "launcher_code": job.launcher.proc.returncode}
+
+
+def _fmt(value: float | None) -> str:
+    return "   n/a  " if value is None else f"{value:7.3f}s"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", type=int, default=30, help="faults in the run (default 30)")
+    parser.add_argument("--stalls", type=int, default=2,
+                        help="of the faults, SIGSTOPs past the heartbeat timeout (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="the faults' random order and offsets")
+    parser.add_argument("--global_batch", type=int, default=12)
+    parser.add_argument("--bins", type=int, default=1024, help="histogram bins of element ids")
+    parser.add_argument("--compute_ms", type=float, default=10.0,
+                        help="CPU work between steps (default 10 ms)")
+    parser.add_argument("--monitor_interval", type=float, default=1.0,
+                        help="the launcher's --monitor_interval (default 1.0, its default)")
+    parser.add_argument("--keep", help="copy the events file here")
+    args = parser.parse_args(argv)
+    if not 0 <= args.stalls < args.faults:
+        parser.error("need 0 <= --stalls < --faults")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    with tempfile.TemporaryDirectory(prefix="tfe-chaos-") as tmp:
+        try:
+            result = run(args, tmp)
+        finally:
+            if args.keep:
+                import shutil
+                shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
+    faults = result["faults"]
+    kills = [f for f in faults if f.kind != "stall"]
+    stalls = [f for f in faults if f.kind == "stall"]
+    recovery = [f.recovery_s for f in kills]
+    detection = [f.detection_s for f in kills if f.detection_s is not None]
+    print(f"\n{'fault':<18}{'count':>6}{'recovery p50':>14}{'max':>9}{'detect p50':>12}"
+          f"{'lost max':>10}")
+    for kind in (*KILL_KINDS, "stall"):
+        of = [f for f in faults if f.kind == kind]
+        if of:
+            det = [f.detection_s for f in of if f.detection_s is not None]
+            print(f"{kind:<18}{len(of):>6}{statistics.median(f.recovery_s for f in of):>14.3f}"
+                  f"{max(f.recovery_s for f in of):>9.3f}"
+                  f"{statistics.median(det) if det else float('nan'):>12.3f}"
+                  f"{max(f.lost_steps for f in of):>10}")
+    print(f"steps {result['steps']}, {result['step_s'] * 1e3:.1f} ms/step before the faults, "
+          f"launcher exit code {result['launcher_code']}, hangs {result['hangs']}")
+    summary = {
+        "faults": len(faults),
+        "recovery_p50_s": round(statistics.median(recovery), 4),
+        "recovery_p90_s": round(percentile(recovery, 0.9), 4),
+        "recovery_max_s": round(max(recovery), 4),
+        "vanished_host_s": None,
+        "lost_steps_max": max(f.lost_steps for f in faults),
+        "exactly_once": result["exactly_once"],
+        "equal_to_replay": result["equal_to_replay"],
+        "detection_p50_s": round(statistics.median(detection), 4) if detection else None,
+        "detection_p90_s": round(percentile(detection, 0.9), 4) if detection else None,
+        "detection_max_s": round(max(detection), 4) if detection else None,
+        "stall_recovery_max_s": round(max(f.recovery_s for f in stalls), 4) if stalls else None,
+        "hangs": result["hangs"],
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
