@@ -114,7 +114,8 @@ class ChaosJob(Job):
              f"--monitor_interval={args.monitor_interval}", "--stop_timeout=10",
              f"--events_file={self.events.path}", f"--log_dir={os.path.join(tmp, 'logs')}",
              WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
-             "--compute_ms", str(args.compute_ms), "--bins", str(args.bins)], self.env)
+             "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
+             *(["--trace"] if args.trace else [])], self.env)
 
     def steps(self) -> list[dict]:
         return [r for r in list(self.launcher.records) if "step" in r and "done" not in r]
@@ -255,6 +256,21 @@ def measure(job: ChaosJob, fault: Fault) -> None:
     fault.lost_steps = redone + max((e.get("lost_steps", 0) for e in rolled_back), default=0)
 
 
+def trace(job: ChaosJob, fault: Fault) -> str:
+    """Each survivor's recovery phases, in ms from the fault to the end of each."""
+    end = fault.t0 + fault.recovery_s
+    lines = []
+    for node in sorted(m for m in fault.members if m != fault.victim):
+        marks = [(r["t"], r["trace"]) for r in list(job.launcher.records)
+                 if r.get("node") == node and "trace" in r and fault.t0 <= r["t"] <= end]
+        first = min(r["t"] for r in job.steps() if r["node"] == node and r["t"] > fault.t0
+                    and r["generation"] > fault.generation)
+        marks.append((first, "step"))
+        lines.append(f"    node {node}: " + " ".join(f"{name} {(t - fault.t0) * 1e3:.0f}"
+                                                     for t, name in sorted(marks)))
+    return "\n".join(lines)
+
+
 def replay(steps: int, global_batch: int, bins: int):
     """Weights and id histogram of one process applying the same global batches."""
     import numpy as np
@@ -314,19 +330,24 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
             print(f"[{i + 1}/{args.faults}] {fault.kind:<16} node {fault.victim:>3} gen "
                   f"{fault.generation:>3}: detection {_fmt(fault.detection_s)} recovery "
                   f"{_fmt(fault.recovery_s)} lost steps {fault.lost_steps}", flush=True)
+            if args.trace:
+                print(trace(job, fault), flush=True)
         target = max(r["step"] for r in job.steps()) + 20
         with open(os.path.join(job.control, "stop.tmp"), "w") as f:
             f.write(str(target))
         os.rename(os.path.join(job.control, "stop.tmp"), os.path.join(job.control, "stop"))
-        finals = wait(job, lambda: (lambda d: d if len(d) >= len(job.current()["members"])
-                                    else None)([r for r in list(job.launcher.records)
-                                                if r.get("done")]), "the end of training")
-        wait(job, lambda: job.launcher.proc.poll() is not None, "the launcher to finish", 60)
+        wait(job, lambda: job.launcher.proc.poll() is not None, "the launcher to finish")
+        time.sleep(1.0)  # the reader thread takes in the last lines of the closed pipe
+        finals = [r for r in list(job.launcher.records) if r.get("done")]
+        members = job.current()["members"]
     finally:
         job.close()
     weights, counts = replay(target, args.global_batch, args.bins)
-    exactly_once = all(r["step"] == target and r["counts"] == counts.tolist() for r in finals)
-    equal = all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12) for r in finals)
+    finished = sorted(r["node"] for r in finals) == sorted(members)
+    exactly_once = finished and all(r["step"] == target and r["counts"] == counts.tolist()
+                                    for r in finals)
+    equal = finished and all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12)
+                             for r in finals)
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
             "equal_to_replay": equal, "steps": target, "step_s": step_s,
             "launcher_code": job.launcher.proc.returncode}
@@ -350,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--monitor_interval", type=float, default=1.0,
                         help="the launcher's --monitor_interval (default 1.0, its default)")
     parser.add_argument("--keep", help="copy the events file here")
+    parser.add_argument("--trace", action="store_true",
+                        help="print when each phase of every survivor's recovery ended")
     args = parser.parse_args(argv)
     if not 0 <= args.stalls < args.faults:
         parser.error("need 0 <= --stalls < --faults")

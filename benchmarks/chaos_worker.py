@@ -29,6 +29,8 @@ parser.add_argument("--control", required=True)
 parser.add_argument("--global_batch", type=int, default=12)
 parser.add_argument("--bins", type=int, default=1024)
 parser.add_argument("--compute_ms", type=float, default=10.0)
+parser.add_argument("--trace", action="store_true",
+                    help="print {\"trace\": phase, \"t\"} when each phase of a recovery ends")
 args = parser.parse_args()
 
 import numpy as np  # noqa: E402
@@ -122,6 +124,28 @@ def compute(seconds: float) -> None:
     while time.perf_counter() < end:
         a = np.tanh(a @ a)
 
+
+def traced(owner, name: str) -> None:
+    """Prints a trace line whenever `owner.name` returns or raises."""
+    inner = getattr(owner, name)
+
+    def wrapper(*a, **k):
+        try:
+            return inner(*a, **k)
+        finally:
+            print(json.dumps({"trace": name, "t": time.time(), "node": runtime.node_id}),
+                  flush=True)
+
+    setattr(owner, name, wrapper)
+
+
+if args.trace:
+    for owner, names in ((runtime, ("report_failure",)),
+                         (runtime.session.client, ("join", "barrier", "synchronize")),
+                         (strategy.extended, ("regroup", "broadcast_from")),
+                         (ChaosState, ("restore", "sync"))):
+        for name in names:
+            traced(owner, name)
 
 state = ChaosState([weights, counts], step=0)
 train_step.get_concrete_function()  # a newcomer traces while the members train

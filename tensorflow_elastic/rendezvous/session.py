@@ -34,7 +34,10 @@ DEFAULT_BARRIER_TIMEOUT_S = 120.0
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
 HEARTBEAT_INTERVAL_S = 0.5
 
-PeersLostListener = Callable[[str], None]
+# listener(reason, generation): `generation` is the orchestrator's newest generation when the
+# loss is a membership change (collectives of older generations must stop), None when every
+# collective must stop (the run failed, this node lost its place, the watchdog fired).
+PeersLostListener = Callable[[str, "int | None"], None]
 RegroupListener = Callable[[Membership], None]
 
 
@@ -71,7 +74,7 @@ class MembershipSession:
     # ---------------------------------------------------------------- listeners
 
     def on_peers_lost(self, listener: PeersLostListener) -> None:
-        """`listener(reason)` runs (on a background thread) when peers may be gone."""
+        """`listener(reason, generation)` runs (on a background thread) when peers may be gone."""
         self._peers_lost_listeners.append(listener)
 
     def on_regroup(self, listener: RegroupListener) -> None:
@@ -266,13 +269,13 @@ class MembershipSession:
             self._last_progress = time.monotonic()
             self._tell_peers_lost(
                 f"no commit for {self.progress_timeout:g} s ({environment.PROGRESS_TIMEOUT}); a "
-                f"peer may hang without having failed")
+                f"peer may hang without having failed", None)
         if info.state == Phase.FAILED:
             self._failure_reason = "the orchestrator ended the run"
-            self._note_unplanned_change("run failed")
+            self._note_unplanned_change("run failed", None)
         elif self.membership is not None and not self.standby \
                 and info.generation > self.membership.generation:
-            self._note_unplanned_change(f"generation {info.generation} started")
+            self._note_unplanned_change(f"generation {info.generation} started", info.generation)
 
     def _on_heartbeats_stopped(self, error: Exception) -> None:
         """This node can no longer prove it is alive (it was removed, the run failed, a bug):
@@ -280,7 +283,7 @@ class MembershipSession:
         reason = getattr(error, "message", None) or str(error)
         logger.error("heartbeats to the orchestrator stopped: %s", reason)
         self._failure_reason = f"this node lost its place in the job: {reason}"
-        self._tell_peers_lost(f"heartbeats stopped: {reason}")
+        self._tell_peers_lost(f"heartbeats stopped: {reason}", None)
 
     def _watch(self) -> None:
         try:
@@ -288,21 +291,27 @@ class MembershipSession:
                 self._waiting = update.waiting
                 if update.state == Phase.FAILED:
                     self._failure_reason = update.reason
-                    self._note_unplanned_change(f"run failed: {update.reason}")
+                    self._note_unplanned_change(f"run failed: {update.reason}", None)
                     return
                 if self.membership is not None and not self.standby \
                         and update.membership.generation > self.membership.generation:
-                    self._note_unplanned_change(update.reason or "membership changed")
+                    self._note_unplanned_change(update.reason or "membership changed",
+                                                update.membership.generation)
         except Exception as e:  # noqa: BLE001 - the heartbeat thread still watches
             logger.warning("membership watch ended: %s", e)
 
-    def _note_unplanned_change(self, reason: str) -> None:
-        if self._reforming.is_set():
-            return
-        self._unplanned_change.set()
-        # Peers are gone: stop waiting on them now rather than at the timeout.
-        self._tell_peers_lost(f"membership changed: {reason}")
+    def _note_unplanned_change(self, reason: str, generation: int | None) -> None:
+        """The orchestrator moved on to `generation` (None: the run failed).
 
-    def _tell_peers_lost(self, reason: str) -> None:
+        While this node re-forms it votes for nothing more (it is joining the
+        newest generation already), but the listeners still hear it: a member
+        lost after this node's barrier leaves the sync's collective waiting.
+        """
+        if not self._reforming.is_set():
+            self._unplanned_change.set()
+        # Peers are gone: stop waiting on them now rather than at the timeout.
+        self._tell_peers_lost(f"membership changed: {reason}", generation)
+
+    def _tell_peers_lost(self, reason: str, generation: int | None) -> None:
         for listener in self._peers_lost_listeners:
-            listener(reason)
+            listener(reason, generation)

@@ -37,6 +37,11 @@ class ElasticRuntime:
         self.session = session
         self._address_reservation = address_reservation
         self.strategy: distribute_lib.Strategy | None = None
+        # An abort and a move of TensorFlow to a new generation never interleave: an abort
+        # meant for an ended generation must not land on the next one, nor be lost before it.
+        self._collectives_lock = threading.Lock()
+        # Every generation below this one has ended (the orchestrator announced this one).
+        self._ended_below = 0
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership."""
@@ -46,8 +51,31 @@ class ElasticRuntime:
             # A preemption notice: finish the step, commit, leave; nobody rolls back.
             signal.signal(signal.SIGTERM, lambda signum, frame: self.session.request_leave())
         # Peers are gone: stop waiting on them now rather than at the timeout.
-        self.session.on_peers_lost(cluster.abort_collectives)
+        self.session.on_peers_lost(self._stop_collectives)
         self.session.start_watching()
+
+    def _serving_generation(self) -> int:
+        """The generation TensorFlow's collectives run in (-1 before there is a strategy)."""
+        return -1 if self.strategy is None else self.strategy.extended.generation
+
+    def _stop_collectives(self, reason: str, generation: int | None) -> None:
+        """Aborts the collectives of the generations that ended before `generation` (None: all)."""
+        with self._collectives_lock:
+            if generation is not None:
+                self._ended_below = max(self._ended_below, generation)
+                if self._serving_generation() >= generation:
+                    return  # old news: TensorFlow already serves that generation
+            cluster.abort_collectives(reason)
+
+    def _regroup(self, membership: Membership) -> None:
+        """Moves the strategy to `membership`'s generation (this clears an earlier abort)."""
+        with self._collectives_lock:
+            self.strategy.extended.regroup(membership.members, membership.generation)
+            if membership.generation < self._ended_below:
+                # It ended while this node moved to it: nothing else would unblock its
+                # first collective (the state sync's broadcast).
+                cluster.abort_collectives(f"generation {membership.generation} ended while "
+                                          f"this node joined it")
 
     # What scripts read from `tfe.init()`'s result.
 
@@ -77,13 +105,20 @@ class ElasticRuntime:
         if self.strategy is not None:
             raise RuntimeError("only one ElasticMultiWorkerMirroredStrategy per process")
         self.strategy = strategy
-        self.session.on_regroup(
-            lambda membership: strategy.extended.regroup(membership.members, membership.generation))
+        self.session.on_regroup(self._regroup)
 
     def report_failure(self, error: BaseException) -> None:
-        """Tells the orchestrator which peers this process cannot reach after `error`."""
+        """Tells the orchestrator which peers this process cannot reach after `error`.
+
+        When the orchestrator has already started a newer generation it knows
+        who was lost: the report is only recorded, with no probe of the peers
+        (a frozen peer would hold it for the whole probe timeout).
+        """
         membership = self.session.membership
-        peers = cluster.unreachable_peers(membership.members, self.session.node_id)
+        if self._ended_below > membership.generation:
+            peers = []
+        else:
+            peers = cluster.unreachable_peers(membership.members, self.session.node_id)
         self.session.report_failure(peers, type(error).__name__, str(error))
 
 

@@ -31,6 +31,8 @@ class _Furthest(NamedTuple):
     source: int
     values: dict[str, Any]
     commits: int
+    # Every member holds this commit already (see in_step()), so its variables are equal.
+    even: bool
 
 
 def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -124,8 +126,9 @@ class State:
         shared = runtime_lib.current().session.exchange(
             "state", pickle.dumps((self._values, self._commits)))
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
-        source = furthest_ahead({node_id: commits for node_id, (_, commits) in states.items()})
-        return _Furthest(source, *states[source])
+        commits = {node_id: count for node_id, (_, count) in states.items()}
+        source = furthest_ahead(commits)
+        return _Furthest(source, *states[source], even=in_step(commits))
 
     def _adopt(self, furthest: _Furthest) -> None:
         self._values.update(furthest.values)
@@ -137,6 +140,19 @@ class State:
 def furthest_ahead(commits: dict[int, int]) -> int:
     """The node whose state every member takes at a sync: the most commits, the lowest id on ties."""
     return max(commits, key=lambda node_id: (commits[node_id], -node_id))
+
+
+def in_step(commits: dict[int, int]) -> bool:
+    """Whether the members' variables are equal already: all made the same commits, at least one.
+
+    Members train in lockstep (every all-reduce gives all of them the same
+    values), and a member's variables at a sync are those of its last commit
+    (a failure restores it, a planned change happens at a commit): the same
+    commit count means the same values. A newcomer has none, and at the start
+    each member's initial values may differ.
+    """
+    counts = set(commits.values())
+    return len(counts) == 1 and counts.pop() > 0
 
 
 # Horovod's name for the state of plain Python objects.
@@ -205,7 +221,8 @@ class TensorFlowState(State):
     def sync(self) -> None:
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
-        if variables:
+        # After a lost member the survivors usually are in step: no broadcast on the way back.
+        if variables and not furthest.even:
             is_source = runtime_lib.current().session.node_id == furthest.source
             values = _strategy().extended.broadcast_from(
                 [tf.convert_to_tensor(v) for v in variables], is_source)

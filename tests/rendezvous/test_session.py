@@ -64,7 +64,7 @@ def _member_of_generation_7(barrier_error=None):
 def test_a_planned_change_waits_for_every_member_to_finish_the_step():
     session = _member_of_generation_7()
     session.finish_step_together()
-    # Watch-stream news during the barrier must not abort anything or vote again.
+    # Watch-stream news during the barrier must not vote again.
     assert session.client.barriers == [("change-7", True)]
     assert not session._reforming.is_set()
 
@@ -80,7 +80,7 @@ def _watching_session(endpoint: str, max_nodes: int) -> tuple[MembershipSession,
     """A started session of a one-node job, and the reasons its peers-lost listener heard."""
     session = MembershipSession(Client(endpoint, "job"), "127.0.0.1:20001", 1, max_nodes)
     lost: list[str] = []
-    session.on_peers_lost(lost.append)
+    session.on_peers_lost(lambda reason, generation: lost.append(reason))
     session.start()
     session.start_watching()
     return session, lost

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 import tensorflow_elastic as tfe
 from tensorflow_elastic.strategy import runtime as runtime_lib
-from tensorflow_elastic.training.state import furthest_ahead
+from tensorflow_elastic.training.state import furthest_ahead, in_step
 
 
 def test_attributes_roll_back_to_the_last_save():
@@ -139,3 +139,25 @@ def test_a_sync_that_fails_in_the_broadcast_changes_nothing(monkeypatch):
     state.restore()
     # Taking node 0's step without its variables would skip a step's samples.
     assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])
+
+
+def test_members_in_step_need_no_broadcast():
+    assert in_step({1: 40, 2: 40, 5: 40})
+
+
+@pytest.mark.parametrize("commits", [{1: 40, 2: 41}, {0: 0, 4: 12}, {0: 0, 1: 0}])
+def test_members_apart_a_newcomer_or_a_fresh_start_need_the_broadcast(commits):
+    assert not in_step(commits)
+
+
+def test_a_sync_of_members_in_step_sends_no_variables(monkeypatch):
+    weights = tf.Variable([5.0])
+    state = tfe.TensorFlowState([weights], step=7)
+    object.__setattr__(state, "_commits", 7)  # node 1 made the same 7 commits as node 0
+
+    def no_broadcast(tensors, is_source):
+        raise AssertionError("members in step broadcast nothing")
+
+    _members_ahead(monkeypatch, no_broadcast)
+    state.sync()
+    assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [5.0])
