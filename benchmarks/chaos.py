@@ -110,12 +110,21 @@ class ChaosJob(Job):
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))
         self.launcher = LauncherProcess(
             [sys.executable, "-m", "tensorflow_elastic.distributed.launch", "--standalone",
-             "--nworkers=2:3", "--nproc_per_node=3", "--max_restarts=100000",
+             f"--nworkers=2:{args.workers}", f"--nproc_per_node={args.workers}",
+             "--max_restarts=100000",
              f"--monitor_interval={args.monitor_interval}", "--stop_timeout=10",
              f"--events_file={self.events.path}", f"--log_dir={os.path.join(tmp, 'logs')}",
              WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
              "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
              *(["--trace"] if args.trace else [])], self.env)
+
+    def launcher_rss_mb(self) -> float:
+        """The launcher's resident memory: it hosts the orchestrator (--standalone)."""
+        with open(f"/proc/{self.launcher.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
 
     def steps(self) -> list[dict]:
         return [r for r in list(self.launcher.records) if "step" in r and "done" not in r]
@@ -200,12 +209,15 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
             t0 = time.time()
             job.signal(job.pid_of(victim), signal.SIGKILL)
     else:
-        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == 3
+        gen = wait(job, lambda: (lambda g: g if len(g["members"]) >= 3
                                  and job.stepping(g["generation"], g["members"], 5) else None)(
             job.current()), "three members training")
         members = gen["members"]
         chief = kind == "kill_chief_step" or (kind == "kill_commit" and rng.random() < 0.5)
-        victim = min(members) if chief else rng.choice(members[1:])
+        if kind == "kill_newest":
+            victim = max(members)
+        else:
+            victim = min(members) if chief else rng.choice(members[1:])
         pid = job.pid_of(victim)
         if kind == "kill_commit":
             with open(os.path.join(job.control, f"kill-{pid}"), "w") as f:
@@ -312,14 +324,17 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
     rng = random.Random(args.seed)
     job = ChaosJob(tmp, args)
     faults: list[Fault] = []
+    orchestrator_rss: list[tuple[int, float]] = []
     hangs = 0
     try:
-        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == 3 and job.stepping(
+        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == args.workers and job.stepping(
             g["generation"], g["members"], 20) else None)(job.current()), "the job to start")
         times = sorted(r["t"] for r in job.steps() if r["node"] == gen["members"][0])
         step_s = statistics.median(b - a for a, b in zip(times, times[1:]))
-        for i, kind in enumerate(plan(args.faults, args.stalls, rng)):
+        kinds = ["kill_newest"] * args.faults if args.soak else plan(args.faults, args.stalls, rng)
+        for i, kind in enumerate(kinds):
             fault = inflict(job, kind, rng, step_s)
+            orchestrator_rss.append((fault.generation, job.launcher_rss_mb()))
             try:
                 measure(job, fault)
             except TimeoutError:
@@ -339,18 +354,52 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
         wait(job, lambda: job.launcher.proc.poll() is not None, "the launcher to finish")
         time.sleep(1.0)  # the reader thread takes in the last lines of the closed pipe
         finals = [r for r in list(job.launcher.records) if r.get("done")]
-        members = job.current()["members"]
+        # Not the last generation's members: members leaving at the end admit waiting nodes.
+        members = {r["node"] for r in job.steps() if r["step"] == target}
     finally:
         job.close()
     weights, counts = replay(target, args.global_batch, args.bins)
     finished = sorted(r["node"] for r in finals) == sorted(members)
+    print(f"finished at step {target}: nodes {sorted(r['node'] for r in finals)} (steps "
+          f"{sorted(r['step'] for r in finals)}), nodes that trained the last step {sorted(members)}, "
+          f"id histogram {'as replayed' if all(r['counts'] == counts.tolist() for r in finals) else 'DIFFERS'}",
+          flush=True)
     exactly_once = finished and all(r["step"] == target and r["counts"] == counts.tolist()
                                     for r in finals)
     equal = finished and all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12)
                              for r in finals)
+    resources = [r for r in job.launcher.records if "resources" in r]
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
+            "resources": resources, "orchestrator_rss": orchestrator_rss,
             "equal_to_replay": equal, "steps": target, "step_s": step_s,
             "launcher_code": job.launcher.proc.returncode}
+
+
+def soak_summary(result: dict) -> dict:
+    """Per 50 re-forms: the threads, RSS and descriptors of the member that lived through the
+    most generations, and the orchestrator's memory; prints them as a table too."""
+    by_node: dict[int, list[dict]] = {}
+    for r in result["resources"]:
+        by_node.setdefault(r["node"], []).append(r)
+    node, records = max(by_node.items(), key=lambda item: (
+        item[1][-1]["generation"] - item[1][0]["generation"], -item[0]))
+    first = records[0]["generation"]
+    rows = []
+    for r in records:
+        if not rows or r["generation"] - first >= 50 * len(rows) or r is records[-1]:
+            rss = [mb for g, mb in result["orchestrator_rss"] if g <= r["generation"]]
+            rows.append({"reforms": r["generation"] - first, **r["resources"],
+                         "orchestrator_rss_mb": round(rss[-1], 1) if rss else None})
+    print(f"\nnode {node}, from generation {first}:")
+    print(f"{'re-forms':>9}{'threads':>9}{'rss MB':>9}{'fds':>6}{'orchestrator MB':>17}")
+    for row in rows:
+        print(f"{row['reforms']:>9}{row['threads']:>9}{row['rss_mb']:>9.1f}{row['fds']:>6}"
+              f"{row['orchestrator_rss_mb'] or float('nan'):>17.1f}")
+    recovery = [f.recovery_s for f in result["faults"]]
+    return {"reforms": rows[-1]["reforms"], "member": node, "rows": rows,
+            "recovery_p50_s": round(statistics.median(recovery), 4),
+            "recovery_max_s": round(max(recovery), 4), "hangs": result["hangs"],
+            "exactly_once": result["exactly_once"], "equal_to_replay": result["equal_to_replay"]}
 
 
 def _fmt(value: float | None) -> str:
@@ -370,10 +419,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU work between steps (default 10 ms)")
     parser.add_argument("--monitor_interval", type=float, default=1.0,
                         help="the launcher's --monitor_interval (default 1.0, its default)")
+    parser.add_argument("--soak", action="store_true",
+                        help="a soak instead: --faults kills of the newest member (each a "
+                        "shrink and a growth: two re-forms) with --workers 4; reports the "
+                        "threads, memory and descriptors of the member that lives through all "
+                        "of them, and the orchestrator's memory, per 50 re-forms")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="workers (default 3; 4 with --soak)")
     parser.add_argument("--keep", help="copy the events file here")
     parser.add_argument("--trace", action="store_true",
                         help="print when each phase of every survivor's recovery ended")
     args = parser.parse_args(argv)
+    if args.workers is None:
+        args.workers = 4 if args.soak else 3
+    if args.soak:
+        args.stalls = 0
     if not 0 <= args.stalls < args.faults:
         parser.error("need 0 <= --stalls < --faults")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -385,6 +445,9 @@ def main(argv: list[str] | None = None) -> int:
                 import shutil
                 shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
     faults = result["faults"]
+    if args.soak:
+        print(json.dumps(soak_summary(result)))
+        return 0
     kills = [f for f in faults if f.kind != "stall"]
     stalls = [f for f in faults if f.kind == "stall"]
     recovery = [f.recovery_s for f in kills]

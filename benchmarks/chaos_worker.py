@@ -14,7 +14,8 @@ Control files in --control DIR (written by the driver):
   itself when it next reaches that point (in a commit, or in the state sync
   after a re-form), after writing the time to ``killed-<pid>``.
 
-Every step prints {"t", "step", "node", "generation", "world", "pid"}.
+Every step prints {"t", "step", "node", "generation", "world", "pid"}; every
+100th also {"resources": {"threads", "rss_mb", "fds"}, "t", "node", "generation"}.
 """
 
 import argparse
@@ -41,6 +42,7 @@ import tensorflow_elastic as tfe  # noqa: E402
 FEATURES = 8
 LEARNING_RATE = 0.05
 ELEMENTS = 10**12  # the driver ends the job through the stop file
+RESOURCES_EVERY = 100  # steps between {"resources": {"threads", "rss_mb", "fds"}} lines
 PID = os.getpid()
 STOP_FILE = os.path.join(args.control, "stop")
 KILL_FILE = os.path.join(args.control, f"kill-{PID}")
@@ -109,6 +111,14 @@ class ChaosState(tfe.TensorFlowState):
         super().sync()
 
 
+def resources() -> dict:
+    """This process's threads, resident memory (MB) and open file descriptors."""
+    with open("/proc/self/statm") as f:
+        rss_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return {"threads": len(os.listdir("/proc/self/task")), "rss_mb": round(rss_mb, 1),
+            "fds": len(os.listdir("/proc/self/fd"))}
+
+
 def stop_step() -> float:
     try:
         with open(STOP_FILE) as f:
@@ -160,6 +170,9 @@ def train(state):
         print(json.dumps({"t": time.time(), "step": state.step, "node": runtime.node_id,
                           "generation": runtime.generation,
                           "world": runtime.membership.world_size, "pid": PID}), flush=True)
+        if state.step % RESOURCES_EVERY == 0:
+            print(json.dumps({"resources": resources(), "t": time.time(), "node": runtime.node_id,
+                              "generation": runtime.generation}), flush=True)
         compute(args.compute_ms / 1e3)
         state.commit()
 
