@@ -334,6 +334,11 @@ class Run:
         nodes += [NodeStatus(node_id, state.waiting[node_id].address, "waiting",
                              self._liveness.silent_for(node_id, now))
                   for node_id in sorted(state.waiting)]
+        # Standby nodes (an id, not yet asking to join): their agents find their ids here too.
+        nodes += [NodeStatus(node_id, state.nodes[node_id].address, "registered",
+                             self._liveness.silent_for(node_id, now))
+                  for node_id in sorted(state.nodes.keys() - state.members.keys()
+                                        - state.waiting.keys())]
         return RunStatus(state.run_id, state.min_nodes, state.max_nodes, state.phase,
                          state.reason, self.membership(), nodes, list(state.history),
                          state.blocklist.blocked())

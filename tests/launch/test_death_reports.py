@@ -36,6 +36,29 @@ def test_the_agent_reports_its_dead_worker_s_node_and_the_members_move_on():
             elasticity.close()
 
 
+def test_the_agent_reports_its_dead_standby_worker_at_once():
+    """A worker that registered (it builds its model while the members train) and died before it
+    asked to join: removed at once, not at its heartbeat timeout."""
+    with Orchestrator("127.0.0.1", 0) as server:
+        spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
+        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"), threading.Event(),
+                                         hosts_orchestrator=False)
+        member, standby = Client(server.endpoint, "job"), Client(server.endpoint, "job")
+        try:
+            member.join("127.0.0.1:20001", 1, 3, timeout=10)
+            standby.register(elasticity.worker_env(0)[environment.ADDRESS], 1, 3)
+            [run] = member.status()
+            assert (standby.node_id, "registered") in [(n.node_id, n.role) for n in run.nodes]
+            elasticity.report_death(0, "killed by SIGKILL")
+            [run] = member.status()
+            assert [n.node_id for n in run.nodes] == [member.node_id]
+            assert any("its process died: killed by SIGKILL" in h["detail"] for h in run.history)
+        finally:
+            for client in (member, standby):
+                client.close()
+            elasticity.close()
+
+
 def test_a_worker_that_dies_before_it_registers_is_not_reported():
     with Orchestrator("127.0.0.1", 0) as server:
         spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
