@@ -18,6 +18,11 @@ random order:
 * a vanished host (link down) needs network namespaces per worker, which a
   single launcher does not give: reported as null.
 
+With --slow, no false removals: after the faults a healthy member spins in
+Python for 1.5x the heartbeat timeout, then two other processes keep both
+cores busy as long; every failure detected meanwhile is a false removal.
+With --soak, a soak instead (see --help).
+
 Measured per fault from the events file and the workers' step lines (Unix
 times): detection (the fault -> the first failure_detected event), recovery
 (the fault -> every survivor's first completed step in a later generation) and
@@ -41,6 +46,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -242,6 +248,36 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
     return Fault(kind, t0, victim, at["generation"], at["members"])
 
 
+SLOW_S = HEARTBEAT_TIMEOUT_S * 1.5
+
+
+def slow_down(job: ChaosJob, kind: str, rng: random.Random) -> dict:
+    """A healthy member made slow for longer than the heartbeat timeout: it spins in Python
+    (pause_member), or both cores are kept busy by two other processes (busy_cores). Returns
+    {"kind", "seconds", "removals"}: the failures detected meanwhile (each a false removal)."""
+    gen = wait(job, lambda: (lambda g: g if len(g["members"]) >= 3 and job.stepping(
+        g["generation"], g["members"], 5) else None)(job.current()), "three members training")
+    t0 = time.time()
+    if kind == "pause_member":
+        pid = job.pid_of(rng.choice(gen["members"]))
+        with open(os.path.join(job.control, f"pause-{pid}"), "w") as f:
+            f.write(str(SLOW_S))
+        wait(job, lambda: not os.path.exists(os.path.join(job.control, f"pause-{pid}")),
+             "the pause to start")
+        time.sleep(SLOW_S + 1.0)
+    else:
+        hogs = [subprocess.Popen([sys.executable, "-c", f"import time\nend = time.time() + "
+                                  f"{SLOW_S}\nwhile time.time() < end: pass"]) for _ in range(2)]
+        for hog in hogs:
+            hog.wait(timeout=SLOW_S + 60)
+    wait(job, lambda: job.stepping(job.current()["generation"], job.current()["members"], 5),
+         "training after the slow-down")
+    removals = [e for e in job.events.poll() if e["event"] == ev.FAILURE_DETECTED
+                and e["time"] >= t0]
+    return {"kind": kind, "seconds": round(time.time() - t0, 1), "removals": len(removals),
+            "generation_changed": job.current()["generation"] != gen["generation"]}
+
+
 def measure(job: ChaosJob, fault: Fault) -> None:
     """Waits until every survivor completed a step of a later generation; fills the figures."""
     survivors = [m for m in fault.members if m != fault.victim]
@@ -325,6 +361,7 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
     job = ChaosJob(tmp, args)
     faults: list[Fault] = []
     orchestrator_rss: list[tuple[int, float]] = []
+    slow: list[dict] = []
     hangs = 0
     try:
         gen = wait(job, lambda: (lambda g: g if len(g["members"]) == args.workers and job.stepping(
@@ -347,6 +384,9 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
                   f"{_fmt(fault.recovery_s)} lost steps {fault.lost_steps}", flush=True)
             if args.trace:
                 print(trace(job, fault), flush=True)
+        for kind in ("pause_member", "busy_cores") if args.slow else ():
+            slow.append(slow_down(job, kind, rng))
+            print(f"[slow] {slow[-1]}", flush=True)
         target = max(r["step"] for r in job.steps()) + 20
         with open(os.path.join(job.control, "stop.tmp"), "w") as f:
             f.write(str(target))
@@ -370,7 +410,7 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
                              for r in finals)
     resources = [r for r in job.launcher.records if "resources" in r]
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
-            "resources": resources, "orchestrator_rss": orchestrator_rss,
+            "resources": resources, "orchestrator_rss": orchestrator_rss, "slow": slow,
             "equal_to_replay": equal, "steps": target, "step_s": step_s,
             "launcher_code": job.launcher.proc.returncode}
 
@@ -424,6 +464,10 @@ def main(argv: list[str] | None = None) -> int:
                         "shrink and a growth: two re-forms) with --workers 4; reports the "
                         "threads, memory and descriptors of the member that lives through all "
                         "of them, and the orchestrator's memory, per 50 re-forms")
+    parser.add_argument("--slow", action="store_true",
+                        help="after the faults, make a healthy member slow for 1.5x the heartbeat "
+                        "timeout twice (it spins in Python; two other processes keep both cores "
+                        "busy) and count the failures detected meanwhile (false_removals)")
     parser.add_argument("--workers", type=int, default=None,
                         help="workers (default 3; 4 with --soak)")
     parser.add_argument("--keep", help="copy the events file here")
@@ -479,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         "stall_recovery_max_s": round(max(f.recovery_s for f in stalls), 4) if stalls else None,
         "hangs": result["hangs"],
     }
+    if args.slow:
+        summary["false_removals"] = sum(s["removals"] for s in result["slow"])
     print(json.dumps(summary))
     return 0
 

@@ -12,7 +12,9 @@ Control files in --control DIR (written by the driver):
   {"done", "weights", "counts"} and exits 0;
 * ``kill-<pid>``: a point name ("commit" or "sync"); this process SIGKILLs
   itself when it next reaches that point (in a commit, or in the state sync
-  after a re-form), after writing the time to ``killed-<pid>``.
+  after a re-form), after writing the time to ``killed-<pid>``;
+* ``pause-<pid>``: seconds; this process spins in Python (holding the GIL but
+  at switch intervals) that long before its next commit, once.
 
 Every step prints {"t", "step", "node", "generation", "world", "pid"}; every
 100th also {"resources": {"threads", "rss_mb", "fds"}, "t", "node", "generation"}.
@@ -46,6 +48,7 @@ RESOURCES_EVERY = 100  # steps between {"resources": {"threads", "rss_mb", "fds"
 PID = os.getpid()
 STOP_FILE = os.path.join(args.control, "stop")
 KILL_FILE = os.path.join(args.control, f"kill-{PID}")
+PAUSE_FILE = os.path.join(args.control, f"pause-{PID}")
 
 
 def features(i):
@@ -99,6 +102,20 @@ def chaos_point(name: str) -> None:
         os.rename(os.path.join(args.control, f"killed-{PID}.tmp"),
                   os.path.join(args.control, f"killed-{PID}"))
         os.kill(PID, signal.SIGKILL)
+
+
+def pause_point() -> None:
+    """Holds the GIL in a pure-Python loop for the seconds in ``pause-<pid>``, once: a healthy
+    member that is slow (a long step, a pause in Python) must not be taken for dead."""
+    try:
+        with open(PAUSE_FILE) as f:
+            seconds = float(f.read())
+    except (FileNotFoundError, ValueError):
+        return
+    os.remove(PAUSE_FILE)
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(i * i for i in range(10_000))
 
 
 class ChaosState(tfe.TensorFlowState):
@@ -174,6 +191,7 @@ def train(state):
             print(json.dumps({"resources": resources(), "t": time.time(), "node": runtime.node_id,
                               "generation": runtime.generation}), flush=True)
         compute(args.compute_ms / 1e3)
+        pause_point()
         state.commit()
 
 
