@@ -29,6 +29,7 @@ ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exce
 EVENTS_FILE = "TFE_EVENTS_FILE"         # the shared JSON-lines record of what happened
 STEP_EVENTS_EVERY = "TFE_STEP_EVENTS_EVERY"
 PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"
+HEARTBEAT_INTERVAL = "TFE_HEARTBEAT_INTERVAL"  # seconds between a node's heartbeats
 
 # ---- parameter-server mode
 PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"

@@ -24,7 +24,8 @@ from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
-                                                  RendezvousError, RunFailedError)
+                                                  NodeRemovedError, RendezvousError, RunFailedError)
+from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.types import Membership, Phase
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_JOIN_TIMEOUT_S = 600.0
 DEFAULT_BARRIER_TIMEOUT_S = 120.0
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
-HEARTBEAT_INTERVAL_S = 0.5
 
 PeersLostListener = Callable[[str], None]
 RegroupListener = Callable[[Membership], None]
@@ -64,6 +64,10 @@ class MembershipSession:
         self._unplanned_change = threading.Event()
         self._reforming = threading.Event()
         self._failure_reason = ""
+        # Why the orchestrator removed this live node (it went silent, it was cut off, it
+        # hung); the next re-form takes it back. Empty while it is in the job.
+        self._removed_reason = ""
+        self._removed_at: float | None = None
         self._watch_thread: threading.Thread | None = None
         self._peers_lost_listeners: list[PeersLostListener] = []
         self._regroup_listeners: list[RegroupListener] = []
@@ -97,7 +101,7 @@ class MembershipSession:
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
-        self.client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat,
+        self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
                                      self._on_heartbeats_stopped)
         self._watch_thread = threading.Thread(target=self._watch, name="tfe-watch", daemon=True)
         self._watch_thread.start()
@@ -123,7 +127,11 @@ class MembershipSession:
                                                timeout=self.join_timeout)
         except RunFailedError as e:
             raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
+        except NodeRemovedError as e:
+            raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") from None
         self._unplanned_change.clear()
+        if self._removed_reason:
+            self._back_after_removal()
         if self.standby or not self._regroup_listeners:
             self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
                                generation=self.membership.generation,
@@ -155,6 +163,8 @@ class MembershipSession:
                 except GenerationChangedError:
                     logger.info("generation %d ended while forming; joining the next one",
                                 self.generation)
+                except NodeRemovedError as e:
+                    self._note_removed(e)
         finally:
             self._reforming.clear()
 
@@ -180,6 +190,8 @@ class MembershipSession:
             self.client.barrier(f"change-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
         except GenerationChangedError:
             logger.info("generation %d ended while its members finished the step", self.generation)
+        except NodeRemovedError as e:
+            self._note_removed(e)
         finally:
             self._reforming.clear()
 
@@ -191,6 +203,9 @@ class MembershipSession:
         try:
             return self.client.synchronize(f"{topic}-{self.generation}", value)
         except GenerationChangedError as e:
+            raise GenerationEnded(str(e)) from None
+        except NodeRemovedError as e:
+            self._note_removed(e)
             raise GenerationEnded(str(e)) from None
 
     def wants_reform(self) -> bool:
@@ -229,6 +244,8 @@ class MembershipSession:
                 self.client.report_failure(peers, reason=reason)
             except GenerationChangedError:
                 pass  # another member's report already started the next generation
+            except NodeRemovedError as e:
+                self._note_removed(e)  # the others went on without this node
 
     def finish(self, step: int) -> None:
         """The exit barrier (every member has returned from training at `step`), then a clean leave.
@@ -239,7 +256,7 @@ class MembershipSession:
         self._reforming.set()
         try:
             self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
-        except GenerationChangedError:
+        except (GenerationChangedError, NodeRemovedError):
             # A member was lost after training: every step is done, nobody pulls buffers now.
             logger.info("generation %d ended at the exit barrier", self.generation)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
@@ -275,12 +292,47 @@ class MembershipSession:
             self._note_unplanned_change(f"generation {info.generation} started")
 
     def _on_heartbeats_stopped(self, error: Exception) -> None:
-        """This node can no longer prove it is alive (it was removed, the run failed, a bug):
-        training here must end with that reason, not hang on peers that moved on."""
+        """This node can no longer prove it is alive (the run failed, a bug): training here
+        must end with that reason, not hang on peers that moved on. Removed while alive, it
+        stops waiting on its old peers and comes back at its next re-form instead."""
+        if isinstance(error, NodeRemovedError) and error.may_return:
+            self._note_removed(error)
+            return
         reason = getattr(error, "message", None) or str(error)
         logger.error("heartbeats to the orchestrator stopped: %s", reason)
         self._failure_reason = f"this node lost its place in the job: {reason}"
         self._tell_peers_lost(f"heartbeats stopped: {reason}")
+
+    def _note_removed(self, error: NodeRemovedError) -> None:
+        """The orchestrator removed this node while its process lived on: its peers went on
+        without it. What waits on them is aborted; the next re-form takes the node back (or,
+        when it may not come back, the job fails here with the reason)."""
+        if not error.may_return:
+            self._on_heartbeats_stopped(error)
+            return
+        if self._removed_reason:
+            return
+        reason = error.message
+        self._removed_at = time.monotonic()
+        self._removed_reason = reason
+        logger.warning("node %d was removed from the job (%s); it comes back at its next "
+                       "re-form", self.node_id, reason)
+        self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
+                           reason=f"removed: {reason}")
+        self._unplanned_change.set()
+        self._tell_peers_lost(f"this node was removed: {reason}")
+
+    def _back_after_removal(self) -> None:
+        """Taken back after a removal: heartbeats again, and says so once."""
+        logger.warning("node %d was removed (%s) and rejoined at generation %d, %.1f s later",
+                       self.node_id, self._removed_reason, self.generation,
+                       time.monotonic() - self._removed_at)
+        self.events.record(events.NODE_JOINED, node=self.node_id, generation=self.generation,
+                           rejoined=True, removed_for=self._removed_reason)
+        self._removed_reason = ""
+        self._removed_at = None
+        self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
+                                     self._on_heartbeats_stopped)
 
     def _watch(self) -> None:
         try:
