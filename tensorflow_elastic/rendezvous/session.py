@@ -6,9 +6,11 @@ yet, so it can build its model and trace its functions while the members keep
 training; it joins when training starts.
 
 Two threads keep the view current: heartbeats (liveness, nodes waiting to
-join) and the orchestrator's watch stream. What follows from a change is left
-to listeners: `on_peers_lost` (unblock whatever waits on a lost peer) and
-`on_regroup` (move to the new generation's members before its barrier).
+join) and the orchestrator's watch stream. A third, the progress watchdog,
+notices training that stopped committing (see :class:`ProgressWatchdog`).
+What follows from a change is left to listeners: `on_peers_lost` (unblock
+whatever waits on a lost peer) and `on_regroup` (move to the new generation's
+members before its barrier).
 """
 
 from __future__ import annotations
@@ -27,12 +29,19 @@ from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChanged
                                                   NodeRemovedError, RendezvousError, RunFailedError)
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.types import Membership, Phase
+from tensorflow_elastic.rendezvous.watchdog import ProgressWatchdog
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_JOIN_TIMEOUT_S = 600.0
-DEFAULT_BARRIER_TIMEOUT_S = 120.0
-DEFAULT_PROGRESS_TIMEOUT_S = 600.0
+# Members reach a barrier within milliseconds of each other (after a join, or at the end of the
+# same step); one that has not after this long is hung, and the orchestrator removes it.
+DEFAULT_BARRIER_TIMEOUT_S = 30.0
+# No commit for this long while training: see ProgressWatchdog. The longest pause between two
+# commits of a healthy member is one step plus a re-form and a state sync (seconds in the tests
+# and benchmarks, minutes for a first step that compiles a large model); PyTorch's NCCL
+# collectives time out after 10 minutes by default, which the fallback below (twice this) matches.
+DEFAULT_PROGRESS_TIMEOUT_S = 300.0
 
 PeersLostListener = Callable[[str], None]
 RegroupListener = Callable[[Membership], None]
@@ -43,7 +52,8 @@ class MembershipSession:
 
     def __init__(self, client: Client, address: str, min_nodes: int, max_nodes: int,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
-                 progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10):
+                 progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10,
+                 barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S):
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}:{max_nodes}")
         self.client = client
@@ -51,12 +61,9 @@ class MembershipSession:
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
         self.join_timeout = join_timeout
+        self.barrier_timeout = barrier_timeout
         self.events = events.EventLog(source="worker")
         self._steps = StepReporter(every=step_events_every)
-        # The watchdog: no commit for this long while training tells the
-        # listeners that peers are lost, so a hang nobody detected still ends in an error.
-        self.progress_timeout = progress_timeout
-        self._last_progress: float | None = None
         self.membership: Membership | None = None
         self.standby = False
         self._waiting = 0
@@ -68,9 +75,13 @@ class MembershipSession:
         # hung); the next re-form takes it back. Empty while it is in the job.
         self._removed_reason = ""
         self._removed_at: float | None = None
+        # Set while the watchdog has stopped this stuck node's heartbeats.
+        self._stepped_aside = False
         self._watch_thread: threading.Thread | None = None
         self._peers_lost_listeners: list[PeersLostListener] = []
         self._regroup_listeners: list[RegroupListener] = []
+        self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside,
+                                         self._on_stalled, paused=self._reforming.is_set)
 
     # ---------------------------------------------------------------- listeners
 
@@ -105,6 +116,7 @@ class MembershipSession:
                                      self._on_heartbeats_stopped)
         self._watch_thread = threading.Thread(target=self._watch, name="tfe-watch", daemon=True)
         self._watch_thread.start()
+        self.watchdog.start()
 
     @property
     def node_id(self) -> int:
@@ -132,6 +144,8 @@ class MembershipSession:
         self._unplanned_change.clear()
         if self._removed_reason:
             self._back_after_removal()
+        elif self._stepped_aside:
+            self._resume_heartbeats()
         if self.standby or not self._regroup_listeners:
             self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
                                generation=self.membership.generation,
@@ -159,6 +173,7 @@ class MembershipSession:
                 self._join()
                 try:
                     self._regroup()
+                    self.watchdog.restart()
                     return
                 except GenerationChangedError:
                     logger.info("generation %d ended while forming; joining the next one",
@@ -172,7 +187,7 @@ class MembershipSession:
         membership = self.membership
         for listener in self._regroup_listeners:
             listener(membership)
-        self.client.barrier(f"generation-{membership.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+        self.client.barrier(f"generation-{membership.generation}", timeout=self.barrier_timeout)
         self.events.record(events.GENERATION_START, node=self.node_id,
                            generation=membership.generation, members=sorted(membership.members),
                            world_size=membership.world_size, chief=membership.chief_id)
@@ -187,7 +202,7 @@ class MembershipSession:
         """
         self._reforming.set()
         try:
-            self.client.barrier(f"change-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+            self.client.barrier(f"change-{self.generation}", timeout=self.barrier_timeout)
         except GenerationChangedError:
             logger.info("generation %d ended while its members finished the step", self.generation)
         except NodeRemovedError as e:
@@ -230,7 +245,7 @@ class MembershipSession:
 
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
-        self._last_progress = time.monotonic()
+        self.watchdog.progress()
         if self._steps.due(step):
             self._steps.report(step, self.membership.world_size, node=self.node_id,
                                generation=self.generation)
@@ -255,7 +270,7 @@ class MembershipSession:
         """
         self._reforming.set()
         try:
-            self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+            self.client.barrier(f"exit-{self.generation}", timeout=self.barrier_timeout)
         except (GenerationChangedError, NodeRemovedError):
             # A member was lost after training: every step is done, nobody pulls buffers now.
             logger.info("generation %d ended at the exit barrier", self.generation)
@@ -268,6 +283,7 @@ class MembershipSession:
             logger.info("leave after the job: %s", e)
 
     def close(self) -> None:
+        self.watchdog.stop()
         self.client.stop_heartbeats()
 
     def check_job_alive(self) -> None:
@@ -278,12 +294,6 @@ class MembershipSession:
 
     def _on_heartbeat(self, info) -> None:
         self._waiting = info.waiting
-        if (self._last_progress is not None and not self._reforming.is_set()
-                and time.monotonic() - self._last_progress > self.progress_timeout):
-            self._last_progress = time.monotonic()
-            self._tell_peers_lost(
-                f"no commit for {self.progress_timeout:g} s ({environment.PROGRESS_TIMEOUT}); a "
-                f"peer may hang without having failed")
         if info.state == Phase.FAILED:
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed")
@@ -331,8 +341,33 @@ class MembershipSession:
                            rejoined=True, removed_for=self._removed_reason)
         self._removed_reason = ""
         self._removed_at = None
+        self._resume_heartbeats()
+
+    def _resume_heartbeats(self) -> None:
+        self._stepped_aside = False
         self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
                                      self._on_heartbeats_stopped)
+
+    def _step_aside(self, reason: str) -> None:
+        """The watchdog found this node stuck outside TensorFlow while its peers wait for it.
+
+        It stops heartbeating, so the orchestrator removes it at the heartbeat timeout and the
+        others go on without it; if it recovers, its next collective fails (aborted here) and
+        it comes back at the re-form that follows.
+        """
+        logger.error("node %d: %s (%s); it stops heartbeating so that the others go on "
+                     "without it, and comes back if it recovers", self.node_id, reason,
+                     environment.PROGRESS_TIMEOUT)
+        self.events.record(events.FAILURE_DETECTED, node=self.node_id, generation=self.generation,
+                           failed=[self.node_id], cause=f"stuck: {reason.splitlines()[0]}")
+        self._stepped_aside = True
+        self.client.stop_heartbeats()
+        self._tell_peers_lost(f"this node is stuck: {reason.splitlines()[0]}")
+
+    def _on_stalled(self, reason: str) -> None:
+        logger.warning("node %d: %s (%s); aborting its collectives to re-form", self.node_id,
+                       reason, environment.PROGRESS_TIMEOUT)
+        self._tell_peers_lost(reason)
 
     def _watch(self) -> None:
         try:
