@@ -17,14 +17,13 @@ from tensorflow_elastic.observability import events
 from tools.netns import Hosts, NetnsUnavailable
 
 from tests.launch.conftest import ELASTIC_WORKER
+from tests.strategy.replay import replay
 
 pytestmark = pytest.mark.multiprocess
 
 PORT = 29400
 STEPS = 200
 STEP_SLEEP_S = "0.05"
-# The elastic test worker's model and data (tests/strategy/elastic_worker.py).
-GLOBAL_BATCH, FEATURES, EXAMPLES, LEARNING_RATE = 12, 8, 4096, 0.05
 
 
 @pytest.fixture
@@ -35,21 +34,6 @@ def hosts():
         pytest.skip(str(e))
     with made:
         yield made
-
-
-def _replay(steps: int) -> list[float]:
-    """The elastic worker's weights and bias after ``steps`` global batches, in one process."""
-    rng = np.random.RandomState(0)
-    x_all = rng.randn(EXAMPLES, FEATURES).astype(np.float32)
-    y_all = x_all @ rng.randn(FEATURES, 1).astype(np.float32) + 0.5
-    w, b = np.zeros([FEATURES, 1], np.float64), 0.0
-    for step in range(steps):
-        index = np.arange(step * GLOBAL_BATCH, (step + 1) * GLOBAL_BATCH) % EXAMPLES
-        x, y = x_all[index].astype(np.float64), y_all[index].astype(np.float64)
-        error = x @ w + b - y
-        w -= LEARNING_RATE * 2 * x.T @ error / GLOBAL_BATCH
-        b -= LEARNING_RATE * 2 * float(error.sum()) / GLOBAL_BATCH
-    return [float(v) for v in w.reshape(-1)] + [b]
 
 
 def _records(proc) -> list[tuple[float, dict]]:
@@ -94,7 +78,7 @@ def test_a_host_cut_off_mid_step_is_removed_the_others_go_on_and_it_rejoins(host
     assert len(results) == 3
     assert all(r["weights"] == results[0]["weights"] for r in results)
     # Every global batch exactly once: the weights equal a replay of STEPS batches in one process.
-    np.testing.assert_allclose(results[0]["weights"], _replay(STEPS), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(results[0]["weights"], replay(STEPS), rtol=1e-4, atol=1e-5)
     assert _records(victim)[-2][1]["world"] == 3  # it trained again, among the members
     failures = list(events.read_events(str(events_file), events.FAILURE_DETECTED))
     victim_node = results[2]["node"]
