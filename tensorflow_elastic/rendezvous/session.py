@@ -322,11 +322,11 @@ class MembershipSession:
             return
         if self._removed_reason:
             return
-        reason = error.message
+        # "node N was removed from run R (cause)", without the advice that follows.
+        reason = error.message.split("; ")[0]
         self._removed_at = time.monotonic()
         self._removed_reason = reason
-        logger.warning("node %d was removed from the job (%s); it comes back at its next "
-                       "re-form", self.node_id, reason)
+        logger.warning("%s while its process lived on; it rejoins at its next re-form", reason)
         self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
                            reason=f"removed: {reason}")
         self._unplanned_change.set()
@@ -334,9 +334,8 @@ class MembershipSession:
 
     def _back_after_removal(self) -> None:
         """Taken back after a removal: heartbeats again, and says so once."""
-        logger.warning("node %d was removed (%s) and rejoined at generation %d, %.1f s later",
-                       self.node_id, self._removed_reason, self.generation,
-                       time.monotonic() - self._removed_at)
+        logger.warning("%s and rejoined at generation %d, %.1f s later", self._removed_reason,
+                       self.generation, time.monotonic() - self._removed_at)
         self.events.record(events.NODE_JOINED, node=self.node_id, generation=self.generation,
                            rejoined=True, removed_for=self._removed_reason)
         self._removed_reason = ""

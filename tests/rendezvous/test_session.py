@@ -9,6 +9,8 @@ from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client, Membership, Orchestrator
 from tensorflow_elastic.rendezvous.errors import GenerationChangedError
 from tensorflow_elastic.rendezvous.session import MembershipSession
+from tensorflow_elastic.rendezvous.settings import RunSettings
+from tensorflow_elastic.rendezvous.types import Phase
 
 
 class _UnusedClient:
@@ -111,3 +113,30 @@ def test_a_clean_finish_is_no_lost_place():
         time.sleep(1.5)  # three heartbeat intervals: none may follow the leave
         session.check_job_alive()
         assert lost == []
+
+
+def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(caplog):
+    settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server:
+        session, lost = _watching_session(server.endpoint, 2)
+        try:
+            node_id, generation = session.node_id, session.generation
+            session.client.stop_heartbeats()  # silent past the timeout: a frozen process
+            deadline = time.monotonic() + 20
+            with Client(server.endpoint, "job") as probe:
+                while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            session._resume_heartbeats()  # it resumes: its next heartbeat finds it removed
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any("this node was removed" in reason for reason in lost)
+            session.check_job_alive()  # not a failure of the job
+            session.reform()
+            assert session.node_id == node_id and session.generation > generation
+            assert "(no heartbeat for 1 s) and rejoined at generation" in caplog.text
+            time.sleep(1.5)  # heartbeats again: it stays
+            session.check_job_alive()
+            with Client(server.endpoint, "job") as probe:
+                assert probe.status()[0].membership.members.keys() == {node_id}
+        finally:
+            session.close()
