@@ -72,11 +72,10 @@ class MembershipSession:
         self._reforming = threading.Event()
         self._failure_reason = ""
         # Why the orchestrator removed this live node (it went silent, it was cut off, it
-        # hung); the next re-form takes it back. Empty while it is in the job.
+        # hung), or why it stepped aside; the next re-form takes it back (and heartbeats
+        # again). Empty while it is in the job.
         self._removed_reason = ""
         self._removed_at: float | None = None
-        # Set while the watchdog has stopped this stuck node's heartbeats.
-        self._stepped_aside = False
         self._watch_thread: threading.Thread | None = None
         self._peers_lost_listeners: list[PeersLostListener] = []
         self._regroup_listeners: list[RegroupListener] = []
@@ -144,8 +143,6 @@ class MembershipSession:
         self._unplanned_change.clear()
         if self._removed_reason:
             self._back_after_removal()
-        elif self._stepped_aside:
-            self._resume_heartbeats()
         if self.standby or not self._regroup_listeners:
             self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
                                generation=self.membership.generation,
@@ -343,7 +340,6 @@ class MembershipSession:
         self._resume_heartbeats()
 
     def _resume_heartbeats(self) -> None:
-        self._stepped_aside = False
         self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
                                      self._on_heartbeats_stopped)
 
@@ -351,17 +347,20 @@ class MembershipSession:
         """The watchdog found this node stuck outside TensorFlow while its peers wait for it.
 
         It stops heartbeating, so the orchestrator removes it at the heartbeat timeout and the
-        others go on without it; if it recovers, its next collective fails (aborted here) and
-        it comes back at the re-form that follows.
+        others go on without it. It aborts nothing itself: its peers pull buffers from it, and
+        an abort here would fail their step while it still counts as a member. If it recovers,
+        its next collective fails (the watch stream aborted it when the others moved on) and it
+        comes back at the re-form that follows.
         """
         logger.error("node %d: %s (%s); it stops heartbeating so that the others go on "
                      "without it, and comes back if it recovers", self.node_id, reason,
                      environment.PROGRESS_TIMEOUT)
+        cause = reason.splitlines()[0].split(";")[0]
         self.events.record(events.FAILURE_DETECTED, node=self.node_id, generation=self.generation,
-                           failed=[self.node_id], cause=f"stuck: {reason.splitlines()[0]}")
-        self._stepped_aside = True
+                           failed=[self.node_id], cause=f"stuck: {cause}")
+        self._removed_at = time.monotonic()
+        self._removed_reason = f"node {self.node_id} stepped aside after {cause}"
         self.client.stop_heartbeats()
-        self._tell_peers_lost(f"this node is stuck: {reason.splitlines()[0]}")
 
     def _on_stalled(self, reason: str) -> None:
         logger.warning("node %d: %s (%s); aborting its collectives to re-form", self.node_id,
