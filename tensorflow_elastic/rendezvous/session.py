@@ -283,6 +283,21 @@ class MembershipSession:
         self.watchdog.stop()
         self.client.stop_heartbeats()
 
+    def moved_on(self) -> bool:
+        """Whether the job went on without this node's generation: it was removed, or a newer
+        generation started. A collective that fails then (e.g. a peer no longer knows its
+        group: FailedPreconditionError) failed because of the change, not the training code."""
+        if self._removed_reason or self._unplanned_change.is_set():
+            return True
+        try:
+            info = self.client.heartbeat()
+        except NodeRemovedError as e:
+            self._note_removed(e)
+            return True
+        except RendezvousError:
+            return False
+        return info.generation > self.generation
+
     def check_job_alive(self) -> None:
         if self._failure_reason:
             raise ElasticJobFailed(self._failure_reason)

@@ -7,10 +7,12 @@ import pytest
 
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client, Membership, Orchestrator
-from tensorflow_elastic.rendezvous.errors import GenerationChangedError
+from tensorflow_elastic.rendezvous.errors import (NODE_REMOVED_MAY_RETURN,
+                                                  GenerationChangedError, NodeRemovedError,
+                                                  RendezvousError)
 from tensorflow_elastic.rendezvous.session import MembershipSession
 from tensorflow_elastic.rendezvous.settings import RunSettings
-from tensorflow_elastic.rendezvous.types import Phase
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Phase
 
 
 class _UnusedClient:
@@ -140,3 +142,41 @@ def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(capl
                 assert probe.status()[0].membership.members.keys() == {node_id}
         finally:
             session.close()
+
+
+class _HeartbeatClient:
+    """Answers a heartbeat with `reply` (an exception is raised)."""
+
+    node_id = 0
+
+    def __init__(self, reply):
+        self.reply = reply
+
+    def heartbeat(self):
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+    def stop_heartbeats(self):
+        pass
+
+
+@pytest.mark.parametrize("reply, moved_on", [
+    (HeartbeatInfo(7, Phase.ACTIVE, 0, 0, True, 0), False),
+    (HeartbeatInfo(8, Phase.ACTIVE, 0, 0, True, 0), True),
+    (NodeRemovedError("node 0 was removed (no heartbeat for 1.5 s); ...",
+                      reason=NODE_REMOVED_MAY_RETURN), True),
+    (RendezvousError("unreachable"), False),
+])
+def test_a_failed_collective_is_a_consequence_of_the_change_when_the_job_moved_on(reply,
+                                                                                 moved_on):
+    session = _member_of_generation_7()
+    session.client = _HeartbeatClient(reply)
+    assert session.moved_on() == moved_on
+    session.check_job_alive()  # a removal that allows a return is no failure of the job
+
+
+def test_a_member_that_knows_of_a_change_has_moved_on_without_asking():
+    session = _member_of_generation_7()
+    session._unplanned_change.set()
+    assert session.moved_on()
