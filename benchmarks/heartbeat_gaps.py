@@ -10,8 +10,9 @@ $TFE_HEARTBEAT_INTERVAL (default 0.25 s), with optional load:
   thread is busy in Python for S seconds before its commit (gil: one C call that holds
   the GIL throughout, so the heartbeat thread cannot run).
 
-While the workers train, this script polls the orchestrator's status every 0.1 s and keeps,
-per member, the longest silence it saw (``silent_s``: time since the member was last heard).
+From the workers' start (their TensorFlow start-up and first trace included) to their end,
+this script polls the orchestrator's status every 0.1 s and keeps every member's silence
+(``silent_s``: time since the member was last heard).
 No fault is injected, so every removal is a false one. The last line is JSON:
 {"heartbeat_timeout_s", "burners", "pause", "silent_p50_s", "silent_p99_s", "silent_max_s",
  "false_removals", "steps_per_s"}.
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from recovery import Orchestrator, elastic_workers
+from recovery import WAIT_S, Orchestrator, elastic_workers
 
 from tensorflow_elastic.observability.events import FAILURE_DETECTED, read_events
 from tensorflow_elastic.rendezvous import Client
@@ -74,20 +75,21 @@ def main(argv: list[str] | None = None) -> int:
                               args.workers, events_file, flags)
     silences: list[float] = []
     client = Client(orchestrator.endpoint, "gaps")
+    deadline = time.monotonic() + WAIT_S
     try:
-        for w in workers:
-            w.wait_for(lambda w=w: w.records, "the first step", peers=workers)
-        started = time.monotonic()
-        first_steps = sum(w.last_step() for w in workers)
-        while all(w.proc.poll() is None for w in workers):
+        while any(w.proc.poll() is None for w in workers):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the workers still run after {WAIT_S:g} s")
             try:
                 status = client.status()[0]
             except RendezvousError:
-                break  # the run completed and expired
+                time.sleep(POLL_S)  # the run does not exist yet, or it completed and expired
+                continue
             silences += [n.silent_s for n in status.nodes if n.role == "member"]
             time.sleep(POLL_S)
-        elapsed = time.monotonic() - started
-        steps = sum(w.last_step() for w in workers) - first_steps
+        steps = sum(w.last_step() for w in workers)
+        elapsed = max(r["t"] for w in workers for r in w.records) - min(
+            w.records[0]["t"] for w in workers)
         for w in workers:
             w.wait_for(lambda w=w: w.proc.poll() is not None, "the workers to finish")
     finally:
