@@ -25,8 +25,9 @@ from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
-from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
-                                                  NodeRemovedError, RendezvousError, RunFailedError)
+from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, BlocklistedError,
+                                                  GenerationChangedError, NodeRemovedError,
+                                                  RendezvousError, RunFailedError)
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.types import Membership, Phase
 from tensorflow_elastic.rendezvous.watchdog import ProgressWatchdog
@@ -140,6 +141,11 @@ class MembershipSession:
             raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
         except NodeRemovedError as e:
             raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") from None
+        except BlocklistedError as e:
+            if not self._removed_reason:
+                raise
+            raise ElasticJobFailed(f"{self._removed_reason}, and it cannot come back: "
+                                   f"{e.message}") from None
         self._unplanned_change.clear()
         if self._removed_reason:
             self._back_after_removal()
