@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tensorflow_elastic.rendezvous import Client, Orchestrator
-from tensorflow_elastic.rendezvous.errors import GenerationChangedError, NodeRemovedError
+from tensorflow_elastic.rendezvous.errors import (BlocklistedError, GenerationChangedError,
+                                                  NodeRemovedError)
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import Phase
 
@@ -104,3 +105,17 @@ def test_a_member_that_never_reaches_a_barrier_is_removed_and_the_others_re_form
     finally:
         for client in (a, b, c):
             client.close()
+
+
+def test_a_node_whose_address_is_blocklisted_may_not_come_back_yet(pool):
+    settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2, blocklist_after=1)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server:
+        a, b, c = _join(server, pool, 3)
+        try:
+            c.stop_heartbeats()
+            _wait_for(lambda: a.heartbeat().generation == 2)
+            with pytest.raises(BlocklistedError, match="127.0.0.1:21002"):
+                c.join(timeout=5)
+        finally:
+            for client in (a, b, c):
+                client.close()
