@@ -77,6 +77,8 @@ class MembershipSession:
         # again). Empty while it is in the job.
         self._removed_reason = ""
         self._removed_at: float | None = None
+        # Set by the watchdog when it stopped this stuck node's heartbeats, until it commits.
+        self._stepped_aside = threading.Event()
         self._watch_thread: threading.Thread | None = None
         self._peers_lost_listeners: list[PeersLostListener] = []
         self._regroup_listeners: list[RegroupListener] = []
@@ -249,6 +251,8 @@ class MembershipSession:
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
         self.watchdog.progress()
+        if self._stepped_aside.is_set():
+            self._recovered_in_place()
         if self._steps.due(step):
             self._steps.report(step, self.membership.world_size, node=self.node_id,
                                generation=self.generation)
@@ -361,6 +365,7 @@ class MembershipSession:
         self._resume_heartbeats()
 
     def _resume_heartbeats(self) -> None:
+        self._stepped_aside.clear()
         self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
                                      self._on_heartbeats_stopped)
 
@@ -381,7 +386,17 @@ class MembershipSession:
                            failed=[self.node_id], cause=f"stuck: {cause}")
         self._removed_at = time.monotonic()
         self._removed_reason = f"node {self.node_id} stepped aside after {cause}"
+        self._stepped_aside.set()
         self.client.stop_heartbeats()
+
+    def _recovered_in_place(self) -> None:
+        """A node that stepped aside committed again before anyone went on without it: it
+        heartbeats again (if it was removed meanwhile, its next heartbeat says so)."""
+        logger.warning("%s and recovered %.1f s later, still a member; heartbeats again",
+                       self._removed_reason, time.monotonic() - self._removed_at)
+        self._removed_reason = ""
+        self._removed_at = None
+        self._resume_heartbeats()
 
     def _on_stalled(self, reason: str) -> None:
         logger.warning("node %d: %s (%s); aborting its collectives to re-form", self.node_id,

@@ -180,3 +180,21 @@ def test_a_member_that_knows_of_a_change_has_moved_on_without_asking():
     session = _member_of_generation_7()
     session._unplanned_change.set()
     assert session.moved_on()
+
+
+def test_a_stuck_node_that_recovers_before_its_removal_stays_and_heartbeats_again(caplog):
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=2.0)) as server:
+        session, _ = _watching_session(server.endpoint, 2)
+        try:
+            session._step_aside("no commit for 300 s and the main thread is not in TensorFlow")
+            time.sleep(1.0)  # silent, but not for the whole timeout
+            session.report_step(1)  # it commits again
+            time.sleep(2.5)
+            session.check_job_alive()
+            with Client(server.endpoint, "job") as probe:
+                assert probe.status()[0].membership.members.keys() == {session.node_id}
+            assert "stepped aside after no commit for 300 s" in caplog.text
+            assert "recovered 1.0 s later, still a member" in caplog.text
+        finally:
+            session.close()
+            session.client.close()  # ends its watch stream, which would hold the server open
