@@ -13,8 +13,8 @@ random order:
   newcomer;
 * kill_chief_join: SIGKILL of the chief as soon as a newcomer asks to join;
 * stall (--stalls of the faults): SIGSTOP of a member for the heartbeat timeout
-  plus 2 s, then SIGCONT (the orchestrator has removed it by then: it fails
-  and its launcher restarts it);
+  plus 2 s, then SIGCONT (the orchestrator has removed it by then: it comes
+  back as a new node, in its running process);
 * a vanished host (link down) needs network namespaces per worker, which a
   single launcher does not give: reported as null.
 
@@ -57,10 +57,11 @@ from compare import Job, LauncherProcess, _tagged_pids  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(HERE))
 from tensorflow_elastic.observability import events as ev  # noqa: E402
+from tensorflow_elastic.rendezvous.settings import RunSettings  # noqa: E402
 
 WORKER = os.path.join(HERE, "chaos_worker.py")
 KILL_KINDS = ("kill_step", "kill_chief_step", "kill_commit", "kill_sync_join", "kill_chief_join")
-HEARTBEAT_TIMEOUT_S = 10.0  # the embedded orchestrator's default
+HEARTBEAT_TIMEOUT_S = RunSettings().heartbeat_timeout  # the embedded orchestrator's default
 WAIT_S = 180.0
 FEATURES = 8
 LEARNING_RATE = 0.05

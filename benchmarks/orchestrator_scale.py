@@ -8,6 +8,9 @@ once, opens a Watch stream and heartbeats once a second. Measured:
   generation (max_nodes = N, so the last call never applies);
 * heartbeat_p50_ms / heartbeat_p99_ms: heartbeat round trips over a steady
   window (client side, so client scheduling delay counts against us);
+* orchestrator_cpu: the orchestrator process's CPU time over the same window
+  divided by its length (1.0 = one core busy; from /proc, so only for an
+  orchestrator this script started);
 * reform_after_kill_s: one node dies (stops heartbeating and drops its Watch
   stream, as a killed process does); from the moment this script orders the
   death to the moment every survivor's Watch shows the next generation,
@@ -35,6 +38,7 @@ import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_ID = "bench"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -147,6 +151,13 @@ def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interva
     asyncio.run(_simulate(conn, endpoint, indices, nodes, interval))
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def _start_orchestrator(heartbeat_timeout: float) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
@@ -213,10 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         for c in conns:
             assert c.recv() == "running"
         time.sleep(2 * args.heartbeat_interval)  # warm up: every node heartbeats and watches
+        cpu_before = None if server is None else (_cpu_seconds(server.pid), time.monotonic())
         for c in conns:
             c.send("measure")
         time.sleep(args.measure_s)
         replies = broadcast("stop_measure")
+        cpu = None if cpu_before is None else round(
+            (_cpu_seconds(server.pid) - cpu_before[0]) / (time.monotonic() - cpu_before[1]), 3)
         if any(early for _, early, _ in replies):
             failed = [e for _, _, errors in replies for e in errors]
             raise RuntimeError(f"a node was declared dead before the kill: heartbeats were "
@@ -251,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"nodes": args.nodes, "rendezvous_s": round(rendezvous_s, 4),
                       "heartbeat_p50_ms": round(_percentile(latencies, 50), 3),
                       "heartbeat_p99_ms": round(_percentile(latencies, 99), 3),
+                      "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
                       "reform_after_kill_s": round(reform_s, 4),
                       "detected_by": detected_by}))
     return 0

@@ -29,6 +29,12 @@ parser.add_argument("--blocks", action="store_true", help="run blocks of steps r
 parser.add_argument("--pause_before_training", type=float, default=0.0,
                     help="elastic mode: print {\"paused\": node} and sleep this long before "
                     "training (the other members wait for it in the first state sync)")
+parser.add_argument("--pause_every", type=int, default=0,
+                    help="elastic mode: every this many steps, pause in Python before the commit")
+parser.add_argument("--pause_s", type=float, default=1.0, help="how long each pause lasts")
+parser.add_argument("--pause_kind", choices=["python", "gil"], default="python",
+                    help="python: a loop of Python code (other threads get the GIL between "
+                    "bytecodes); gil: one C call that holds the GIL throughout")
 args = parser.parse_args()
 
 import numpy as np  # noqa: E402
@@ -43,6 +49,13 @@ if args.mode == "elastic":
 else:
     runtime = None
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+# How many integers sum() adds per second on this machine, for --pause_kind gil.
+GIL_LOOP_PER_S = 0.0
+if args.pause_every and args.pause_kind == "gil":
+    _started = time.perf_counter()
+    sum(range(5_000_000))
+    GIL_LOOP_PER_S = 5_000_000 / (time.perf_counter() - _started)
 
 rng = np.random.RandomState(0)
 features = tf.constant(rng.randn(8192, 32).astype(np.float32))
@@ -84,6 +97,16 @@ def block_end(step):
     if not args.blocks:
         return args.steps
     return step + int(sys.stdin.readline() or 0)
+
+
+def pause(seconds, kind):
+    """Busy in Python for about `seconds` (a slow callback, a big serialization)."""
+    if kind == "gil":
+        sum(range(int(seconds * GIL_LOOP_PER_S)))  # one builtin call: the GIL is never released
+        return
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
 
 
 def report(step, node, generation, world_size):
@@ -136,6 +159,8 @@ else:
             train_step(tf.constant(state.step, tf.int64))
             state.step += 1
             report(state.step, runtime.node_id, runtime.generation, runtime.membership.world_size)
+            if args.pause_every and state.step % args.pause_every == 0:
+                pause(args.pause_s, args.pause_kind)
             state.commit()
             if state.step == end:
                 end = block_end(state.step)

@@ -28,7 +28,9 @@ ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exce
 # ---- what a worker reports and how patient it is
 EVENTS_FILE = "TFE_EVENTS_FILE"         # the shared JSON-lines record of what happened
 STEP_EVENTS_EVERY = "TFE_STEP_EVENTS_EVERY"
-PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"
+PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"   # seconds without a commit before the watchdog acts
+BARRIER_TIMEOUT = "TFE_BARRIER_TIMEOUT"     # seconds members wait for each other at a barrier
+HEARTBEAT_INTERVAL = "TFE_HEARTBEAT_INTERVAL"  # seconds between two heartbeats of a node
 
 # ---- parameter-server mode
 PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"

@@ -74,6 +74,15 @@ orchestrator (its "node id" prefixes its output lines); --nworkers sets the
 worker bounds directly, e.g. for one machine whose job may go on with fewer
 workers, or machines with different numbers of workers.
 A failed run prints a root-cause summary (first failure, its traceback).
+
+Failures are detected within: a crashed worker, at once (its agent reports
+it); a host that vanishes (power loss, partition) or a frozen process, the
+orchestrator's --heartbeat_timeout (1.5 s; workers heartbeat every 0.25 s,
+$TFE_HEARTBEAT_INTERVAL); a worker stuck in Python, $TFE_PROGRESS_TIMEOUT
+(300 s) without a commit, then the heartbeat timeout; one stuck inside
+TensorFlow, twice that, then $TFE_BARRIER_TIMEOUT (30 s). A removed worker
+whose process lives on rejoins in place when it is reachable again. See
+docs/failures.md.
 """
 
 

@@ -23,10 +23,9 @@ from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership, Phase
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, NodeRemovedError, RendezvousError, RunFailedError)
+from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 
 logger = logging.getLogger(__name__)
-
-HEARTBEAT_INTERVAL_S = 0.5
 
 
 def tf_config(membership: Membership, node_id: int) -> str:
@@ -80,7 +79,7 @@ class RestartElasticity:
             if client.node_id is None:
                 membership = client.join(self._addresses[slot], self.spec.min_nodes,
                                          self.spec.max_nodes, timeout=self.spec.join_timeout)
-                client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat)
+                client.start_heartbeats(heartbeat_interval(), self._on_heartbeat)
                 return membership
             return client.join(timeout=self.spec.join_timeout)
         except RunFailedError as e:

@@ -35,7 +35,9 @@ says otherwise. See docs/orchestrator.md.
 # Flags named after the RunSettings field they set (type and default come from there).
 _SETTING_FLAGS = {
     "heartbeat_timeout": "seconds without a heartbeat before a node is declared failed and the "
-                         "next generation forms",
+                         "next generation forms; the bound on detecting a host that vanished "
+                         "(workers heartbeat every 0.25 s, $TFE_HEARTBEAT_INTERVAL; see "
+                         "docs/failures.md)",
     "last_call": "seconds to wait for more nodes once min_nodes have joined, before the "
                  "generation forms; max_nodes forms at once",
     "below_min_timeout": "seconds a run below min_nodes after failures waits for nodes to come "

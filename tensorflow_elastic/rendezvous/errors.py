@@ -19,6 +19,7 @@ UNKNOWN_RUN = "unknown_run"
 UNKNOWN_NODE = "unknown_node"
 NOT_MEMBER = "not_member"
 NODE_REMOVED = "node_removed"
+NODE_REMOVED_MAY_RETURN = "node_removed_may_return"
 STALE_GENERATION = "stale_generation"
 RUN_FAILED = "run_failed"
 TIMEOUT = "timeout"
@@ -54,9 +55,14 @@ class GenerationChangedError(RendezvousError):
 
 
 class NodeRemovedError(RendezvousError):
-    """The node was removed from the run (failure or leave); join as a new node."""
+    """The node was removed from the run (failure or leave); join as a new node, or, when
+    :attr:`may_return`, join again with its id (it was only silent: its process lives on)."""
 
     default_reason = NODE_REMOVED
+
+    @property
+    def may_return(self) -> bool:
+        return self.reason == NODE_REMOVED_MAY_RETURN
 
 
 class RunFailedError(RendezvousError):
@@ -89,6 +95,7 @@ class LimitReachedError(RendezvousError):
 _BY_REASON: dict[str, type[RendezvousError]] = {
     STALE_GENERATION: GenerationChangedError,
     NODE_REMOVED: NodeRemovedError,
+    NODE_REMOVED_MAY_RETURN: NodeRemovedError,
     RUN_FAILED: RunFailedError,
     TIMEOUT: RendezvousTimeoutError,
     BLOCKLISTED: BlocklistedError,

@@ -32,7 +32,8 @@ from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import reachable
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, InvalidArgumentError, LimitReachedError, NodeRemovedError,
-    RendezvousError, RendezvousTimeoutError, RunFailedError, NOT_MEMBER, RUN_MISMATCH, UNKNOWN_NODE)
+    RendezvousError, RendezvousTimeoutError, RunFailedError, NODE_REMOVED_MAY_RETURN, NOT_MEMBER, RUN_MISMATCH,
+    UNKNOWN_NODE)
 from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
 from tensorflow_elastic.rendezvous.run_state import Node, RunState, encode
 from tensorflow_elastic.rendezvous.settings import RunSettings
@@ -179,7 +180,7 @@ class Run:
         if node_id is None:
             node = await self._admit_new(address, nonce)
         else:
-            node = self._known_node(node_id)
+            node = self._take_back(node_id, address, nonce) or self._known_node(node_id)
             if node.address != address:
                 raise RendezvousError(
                     f"node {node_id} joined with address {node.address}, not {address}; a node "
@@ -192,6 +193,21 @@ class Run:
                   and not state.was_removed(node_id)):
                 self._enqueue(node)
         return await self._wait_for_generation(node, last_generation, timeout)
+
+    def _take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
+        """A removed node whose process was alive all along joins again: it waits to be admitted
+        like a newcomer, warm, with its id (see RunState.take_back)."""
+        state = self._state
+        if not state.was_removed(node_id) or node_id not in state.returnable:
+            return None
+        state.blocklist.check(address)
+        cause = state.removal_cause(node_id)
+        node = state.take_back(node_id, address, nonce)
+        if node is not None:
+            self._liveness.touch(node_id, time.monotonic())
+            self._enqueue(node, f"came back after it was removed ({cause}); waiting, address "
+                                f"{address}")
+        return node
 
     async def register(self, address: str, nonce: str) -> int:
         """Gives a node its permanent id without queueing it; it joins later with that id."""
@@ -274,7 +290,8 @@ class Run:
         dead_now = [peer for peer in dead if peer in self._state.members]
         if dead_now:
             await self._committer.wait(self._remove(
-                dead_now, f"reported by node {node_id}: {reason or 'unreachable'}", failed=True))
+                dead_now, f"reported by node {node_id}: {reason or 'unreachable'}", failed=True,
+                may_return=True))
         return dead, alive
 
     async def gather(self, kind: str, name: str, node_id: int, generation: int, value: bytes,
@@ -296,18 +313,30 @@ class Run:
             self._check_member(node_id, generation, waiting_for=f"{kind} {name!r}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                missing = gathers.missing(key, self._state.members.keys())
-                raise RendezvousTimeoutError(
-                    f"{kind} {name!r} of generation {generation} timed out after {timeout:g} s; "
-                    f"missing nodes: {missing} (addresses: "
-                    f"{[self._state.members[m] for m in missing]}); they may be slow, hung or "
-                    f"dead: check their logs, or raise the timeout")
+                self._remove_missing(kind, name, generation, timeout)
+                continue  # this member now finds its generation ended
             await _wait(gathers.changed(key), remaining)
         # Everyone answers only after the result is durable: after a restart, a member
         # that retries finds it instead of waiting for members that already moved on.
         await self._committer.wait(gathers.save_ticket(key))
         self._check_member(node_id, generation)
         return dict(values)
+
+    def _remove_missing(self, kind: str, name: str, generation: int, timeout: float) -> None:
+        """A barrier or exchange timed out: the members that never arrived are removed (they may
+        be hung while their heartbeats go on) and the others re-form without them.
+
+        They may come back: a member that recovers joins again like a newcomer.
+        """
+        key = f"{kind}/{name}"
+        members = self._state.members
+        missing = self._state.gathers.missing(key, members.keys())
+        if not missing:
+            raise RendezvousTimeoutError(f"{kind} {name!r} of generation {generation} timed out "
+                                         f"after {timeout:g} s with every member in it")
+        cause = (f"it did not reach {kind} {name!r} of generation {generation} within "
+                 f"{timeout:g} s while the others waited (hung, or far too slow)")
+        self._remove(missing, cause, failed=True, may_return=True)
 
     async def _remove_dead(self, node_id: int, reason: str) -> tuple[list[int], list[int]]:
         if not self._state.was_removed(node_id):
@@ -378,11 +407,11 @@ class Run:
         self._check_not_failed()
         return node
 
-    def _enqueue(self, node: Node) -> None:
+    def _enqueue(self, node: Node, detail: str = "") -> None:
         """Puts a node in the waiting queue: the next generation admits it."""
         self._state.waiting[node.node_id] = node
         self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
-                  f"waiting, address {node.address}", address=node.address)
+                  detail or f"waiting, address {node.address}", address=node.address)
         self._maybe_form()
         self._commit(wakes_joins=False)
 
@@ -393,7 +422,7 @@ class Run:
             while True:
                 self._check_not_failed()
                 if self._state.was_removed(node.node_id):
-                    raise NodeRemovedError(self._removed_message(node.node_id))
+                    raise self._removed_error(node.node_id)
                 if self._is_active_member(node.node_id) and self._state.generation > after:
                     await self._committer.wait(self._formed_ticket)
                     if self._is_active_member(node.node_id):
@@ -431,7 +460,7 @@ class Run:
 
     def _known_node(self, node_id: int) -> Node:
         if self._state.was_removed(node_id):
-            raise NodeRemovedError(self._removed_message(node_id))
+            raise self._removed_error(node_id)
         node = self._state.nodes.get(node_id)
         if node is None:
             raise RendezvousError(
@@ -439,10 +468,16 @@ class Run:
                 f"without a node id to get one", reason=UNKNOWN_NODE)
         return node
 
-    def _removed_message(self, node_id: int) -> str:
-        return (f"node {node_id} was removed from run {self._state.run_id!r} "
-                f"({self._state.removal_cause(node_id)}); node ids are never reused: join without a "
-                f"node id to come back as a new node")
+    def _removed_error(self, node_id: int) -> NodeRemovedError:
+        state = self._state
+        removed = (f"node {node_id} was removed from run {state.run_id!r} "
+                   f"({state.removal_cause(node_id)})")
+        if node_id in state.returnable:
+            return NodeRemovedError(f"{removed}; its process may still be alive: join again with "
+                                    f"its id from its address to come back",
+                                    reason=NODE_REMOVED_MAY_RETURN)
+        return NodeRemovedError(f"{removed}; node ids are never reused: join without a node id "
+                                f"to come back as a new node")
 
     def _is_active_member(self, node_id: int) -> bool:
         """Whether the node is a member of a generation that is running now."""
@@ -549,12 +584,15 @@ class Run:
                       duration_s=round(seconds, 6))
             self._observer.rendezvous_done(self._state.run_id, seconds)
 
-    def _remove(self, ids: list[int], cause: str, failed: bool) -> int:
-        """Removes nodes for good and re-forms if members were lost; returns the save ticket."""
+    def _remove(self, ids: list[int], cause: str, failed: bool, may_return: bool = False) -> int:
+        """Removes nodes and re-forms if members were lost; returns the save ticket.
+
+        ``may_return``: they were only silent or unreachable, so their processes may come back.
+        """
         state = self._state
         lost = []
         for node_id in ids:
-            node = state.remove_node(node_id, cause)
+            node = state.remove_node(node_id, cause, may_return)
             if node is None:
                 continue
             self._liveness.forget(node_id)
@@ -689,12 +727,12 @@ class Run:
         silent = self._liveness.expired(now, settings.heartbeat_timeout)
         if silent:
             self._remove(silent, f"no heartbeat for {settings.heartbeat_timeout:g} s",
-                         failed=True)
+                         failed=True, may_return=True)
         if self._state.phase == Phase.ACTIVE:
             gone = self._watch_loss.overdue(now, self._state.members)
             if gone:
                 self._remove(gone, f"its connection closed and it sent nothing for "
-                             f"{settings.watch_loss_grace:g} s", failed=True)
+                             f"{settings.watch_loss_grace:g} s", failed=True, may_return=True)
         below_min_at = self._state.below_min_at
         if self._state.phase == Phase.FORMING and below_min_at is not None and now >= below_min_at:
             self._fail(f"{self._state.reason}, and not enough nodes came back within "

@@ -58,6 +58,9 @@ class RunState:
     members: dict[int, str] = dataclasses.field(default_factory=dict)
     waiting: dict[int, Node] = dataclasses.field(default_factory=dict)
     removed: dict[int, str] = dataclasses.field(default_factory=dict)
+    # Removed nodes whose process may still be alive (it went silent, it was cut off, it hung),
+    # by id -> address: such a node comes back with its id; see :meth:`take_back`.
+    returnable: dict[int, str] = dataclasses.field(default_factory=dict)
     # Members of recent generations, oldest first.
     past: collections.OrderedDict[int, frozenset[int]] = dataclasses.field(
         default_factory=collections.OrderedDict)
@@ -80,6 +83,7 @@ class RunState:
         self.gathers = Gathers()
         self.phase = Phase.FORMING
         self.members = {}
+        self.returnable = {}
         self.below_min_at = None
 
     def add_node(self, node: Node) -> None:
@@ -87,10 +91,11 @@ class RunState:
         if node.nonce:
             self.nonces[node.nonce] = node.node_id
 
-    def remove_node(self, node_id: int, cause: str) -> Node | None:
-        """Removes a node for good (its id stays taken); None if it is not known.
+    def remove_node(self, node_id: int, cause: str, may_return: bool = False) -> Node | None:
+        """Removes a node (its id stays taken); None if it is not known.
 
         A removed member stays in ``members`` until the next generation forms.
+        ``may_return``: its process may be alive (it was only silent), so it may come back.
         """
         node = self.nodes.pop(node_id, None)
         if node is None:
@@ -100,6 +105,25 @@ class RunState:
         self.removed[node_id] = cause
         while len(self.removed) > MAX_REMOVED_KEPT:
             del self.removed[next(iter(self.removed))]
+        if may_return:
+            self.returnable[node_id] = node.address
+            while len(self.returnable) > MAX_REMOVED_KEPT:
+                del self.returnable[next(iter(self.returnable))]
+        return node
+
+    def take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
+        """Re-admits a removed node that may return, when it comes back from its own address.
+
+        Its process kept running (a host cut off, then reachable again; a process frozen,
+        then resumed): its TensorFlow server keeps its task id, so it keeps its node id.
+        None when the node may not return (it died, it left) or another address claims it.
+        """
+        if self.returnable.get(node_id) != address:
+            return None
+        del self.returnable[node_id]
+        self.removed.pop(node_id, None)
+        node = Node(node_id, address, nonce)
+        self.add_node(node)
         return node
 
     def was_removed(self, node_id: int) -> bool:
@@ -128,6 +152,7 @@ def encode(state: RunState) -> Snapshot:
         "members": nodes(state.members), "waiting": nodes(state.waiting),
         "registered": nodes(state.nodes.keys() - state.members.keys() - state.waiting.keys()),
         "removed": {str(i): cause for i, cause in state.removed.items()},
+        "returnable": {str(i): address for i, address in state.returnable.items()},
         "past": [[g, sorted(ids)] for g, ids in state.past.items()],
         "gathered": {key: {str(i): base64.b64encode(v).decode() for i, v in values.items()}
                      for key, values in state.gathers.completed.items()},
@@ -158,6 +183,7 @@ def decode(snapshot: Snapshot, settings: RunSettings) -> RunState:
             elif group == "waiting":
                 state.waiting[node_id] = node
     state.removed = {int(i): cause for i, cause in snapshot["removed"].items()}
+    state.returnable = {int(i): address for i, address in snapshot.get("returnable", {}).items()}
     state.past = collections.OrderedDict((g, frozenset(ids)) for g, ids in snapshot["past"])
     state.gathers = Gathers({key: {int(i): base64.b64decode(v) for i, v in values.items()}
                              for key, values in snapshot["gathered"].items()})

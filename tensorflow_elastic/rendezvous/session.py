@@ -6,9 +6,11 @@ yet, so it can build its model and trace its functions while the members keep
 training; it joins when training starts.
 
 Two threads keep the view current: heartbeats (liveness, nodes waiting to
-join) and the orchestrator's watch stream. What follows from a change is left
-to listeners: `on_peers_lost` (unblock whatever waits on a lost peer) and
-`on_regroup` (move to the new generation's members before its barrier).
+join) and the orchestrator's watch stream. A third, the progress watchdog,
+notices training that stopped committing (see :class:`ProgressWatchdog`).
+What follows from a change is left to listeners: `on_peers_lost` (unblock
+whatever waits on a lost peer) and `on_regroup` (move to the new generation's
+members before its barrier).
 """
 
 from __future__ import annotations
@@ -23,16 +25,24 @@ from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
-from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
+from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, BlocklistedError,
+                                                  GenerationChangedError, NodeRemovedError,
                                                   RendezvousError, RunFailedError)
+from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.types import Membership, Phase
+from tensorflow_elastic.rendezvous.watchdog import ProgressWatchdog
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_JOIN_TIMEOUT_S = 600.0
-DEFAULT_BARRIER_TIMEOUT_S = 120.0
-DEFAULT_PROGRESS_TIMEOUT_S = 600.0
-HEARTBEAT_INTERVAL_S = 0.5
+# Members reach a barrier within milliseconds of each other (after a join, or at the end of the
+# same step); one that has not after this long is hung, and the orchestrator removes it.
+DEFAULT_BARRIER_TIMEOUT_S = 30.0
+# No commit for this long while training: see ProgressWatchdog. The longest pause between two
+# commits of a healthy member is one step plus a re-form and a state sync (seconds in the tests
+# and benchmarks, minutes for a first step that compiles a large model); PyTorch's NCCL
+# collectives time out after 10 minutes by default, which the fallback below (twice this) matches.
+DEFAULT_PROGRESS_TIMEOUT_S = 300.0
 
 # listener(reason, generation): `generation` is the orchestrator's newest generation when the
 # loss is a membership change (collectives of older generations must stop), None when every
@@ -46,7 +56,8 @@ class MembershipSession:
 
     def __init__(self, client: Client, address: str, min_nodes: int, max_nodes: int,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
-                 progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10):
+                 progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10,
+                 barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S):
         if not 1 <= min_nodes <= max_nodes:
             raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}:{max_nodes}")
         self.client = client
@@ -54,12 +65,9 @@ class MembershipSession:
         self.min_nodes = min_nodes
         self.max_nodes = max_nodes
         self.join_timeout = join_timeout
+        self.barrier_timeout = barrier_timeout
         self.events = events.EventLog(source="worker")
         self._steps = StepReporter(every=step_events_every)
-        # The watchdog: no commit for this long while training tells the
-        # listeners that peers are lost, so a hang nobody detected still ends in an error.
-        self.progress_timeout = progress_timeout
-        self._last_progress: float | None = None
         self.membership: Membership | None = None
         self.standby = False
         self._waiting = 0
@@ -67,9 +75,18 @@ class MembershipSession:
         self._unplanned_change = threading.Event()
         self._reforming = threading.Event()
         self._failure_reason = ""
+        # Why the orchestrator removed this live node (it went silent, it was cut off, it
+        # hung), or why it stepped aside; the next re-form takes it back (and heartbeats
+        # again). Empty while it is in the job.
+        self._removed_reason = ""
+        self._removed_at: float | None = None
+        # Set by the watchdog when it stopped this stuck node's heartbeats, until it commits.
+        self._stepped_aside = threading.Event()
         self._watch_thread: threading.Thread | None = None
         self._peers_lost_listeners: list[PeersLostListener] = []
         self._regroup_listeners: list[RegroupListener] = []
+        self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside,
+                                         self._on_stalled, paused=self._reforming.is_set)
 
     # ---------------------------------------------------------------- listeners
 
@@ -100,10 +117,11 @@ class MembershipSession:
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
-        self.client.start_heartbeats(HEARTBEAT_INTERVAL_S, self._on_heartbeat,
+        self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
                                      self._on_heartbeats_stopped)
         self._watch_thread = threading.Thread(target=self._watch, name="tfe-watch", daemon=True)
         self._watch_thread.start()
+        self.watchdog.start()
 
     @property
     def node_id(self) -> int:
@@ -126,7 +144,16 @@ class MembershipSession:
                                                timeout=self.join_timeout)
         except RunFailedError as e:
             raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
+        except NodeRemovedError as e:
+            raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") from None
+        except BlocklistedError as e:
+            if not self._removed_reason:
+                raise
+            raise ElasticJobFailed(f"{self._removed_reason}, and it cannot come back: "
+                                   f"{e.message}") from None
         self._unplanned_change.clear()
+        if self._removed_reason:
+            self._back_after_removal()
         if self.standby or not self._regroup_listeners:
             self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
                                generation=self.membership.generation,
@@ -154,10 +181,13 @@ class MembershipSession:
                 self._join()
                 try:
                     self._regroup()
+                    self.watchdog.restart()
                     return
                 except GenerationChangedError:
                     logger.info("generation %d ended while forming; joining the next one",
                                 self.generation)
+                except NodeRemovedError as e:
+                    self._note_removed(e)
         finally:
             self._reforming.clear()
 
@@ -165,7 +195,7 @@ class MembershipSession:
         membership = self.membership
         for listener in self._regroup_listeners:
             listener(membership)
-        self.client.barrier(f"generation-{membership.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+        self.client.barrier(f"generation-{membership.generation}", timeout=self.barrier_timeout)
         self.events.record(events.GENERATION_START, node=self.node_id,
                            generation=membership.generation, members=sorted(membership.members),
                            world_size=membership.world_size, chief=membership.chief_id)
@@ -180,9 +210,11 @@ class MembershipSession:
         """
         self._reforming.set()
         try:
-            self.client.barrier(f"change-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
+            self.client.barrier(f"change-{self.generation}", timeout=self.barrier_timeout)
         except GenerationChangedError:
             logger.info("generation %d ended while its members finished the step", self.generation)
+        except NodeRemovedError as e:
+            self._note_removed(e)
         finally:
             self._reforming.clear()
 
@@ -194,6 +226,9 @@ class MembershipSession:
         try:
             return self.client.synchronize(f"{topic}-{self.generation}", value)
         except GenerationChangedError as e:
+            raise GenerationEnded(str(e)) from None
+        except NodeRemovedError as e:
+            self._note_removed(e)
             raise GenerationEnded(str(e)) from None
 
     def wants_reform(self) -> bool:
@@ -218,7 +253,9 @@ class MembershipSession:
 
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
-        self._last_progress = time.monotonic()
+        self.watchdog.progress()
+        if self._stepped_aside.is_set():
+            self._recovered_in_place()
         if self._steps.due(step):
             self._steps.report(step, self.membership.world_size, node=self.node_id,
                                generation=self.generation)
@@ -232,6 +269,8 @@ class MembershipSession:
                 self.client.report_failure(peers, reason=reason)
             except GenerationChangedError:
                 pass  # another member's report already started the next generation
+            except NodeRemovedError as e:
+                self._note_removed(e)  # the others went on without this node
 
     def finish(self, step: int) -> None:
         """The exit barrier (every member has returned from training at `step`), then a clean leave.
@@ -241,8 +280,8 @@ class MembershipSession:
         """
         self._reforming.set()
         try:
-            self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
-        except GenerationChangedError:
+            self.client.barrier(f"exit-{self.generation}", timeout=self.barrier_timeout)
+        except (GenerationChangedError, NodeRemovedError):
             # A member was lost after training: every step is done, nobody pulls buffers now.
             logger.info("generation %d ended at the exit barrier", self.generation)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
@@ -254,7 +293,23 @@ class MembershipSession:
             logger.info("leave after the job: %s", e)
 
     def close(self) -> None:
+        self.watchdog.stop()
         self.client.stop_heartbeats()
+
+    def moved_on(self) -> bool:
+        """Whether the job went on without this node's generation: it was removed, or a newer
+        generation started. A collective that fails then (e.g. a peer no longer knows its
+        group: FailedPreconditionError) failed because of the change, not the training code."""
+        if self._removed_reason or self._unplanned_change.is_set():
+            return True
+        try:
+            info = self.client.heartbeat()
+        except NodeRemovedError as e:
+            self._note_removed(e)
+            return True
+        except RendezvousError:
+            return False
+        return info.generation > self.generation
 
     def check_job_alive(self) -> None:
         if self._failure_reason:
@@ -264,12 +319,6 @@ class MembershipSession:
 
     def _on_heartbeat(self, info) -> None:
         self._waiting = info.waiting
-        if (self._last_progress is not None and not self._reforming.is_set()
-                and time.monotonic() - self._last_progress > self.progress_timeout):
-            self._last_progress = time.monotonic()
-            self._tell_peers_lost(
-                f"no commit for {self.progress_timeout:g} s ({environment.PROGRESS_TIMEOUT}); a "
-                f"peer may hang without having failed", None)
         if info.state == Phase.FAILED:
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed", None)
@@ -278,12 +327,84 @@ class MembershipSession:
             self._note_unplanned_change(f"generation {info.generation} started", info.generation)
 
     def _on_heartbeats_stopped(self, error: Exception) -> None:
-        """This node can no longer prove it is alive (it was removed, the run failed, a bug):
-        training here must end with that reason, not hang on peers that moved on."""
+        """This node can no longer prove it is alive (the run failed, a bug): training here
+        must end with that reason, not hang on peers that moved on. Removed while alive, it
+        stops waiting on its old peers and comes back at its next re-form instead."""
+        if isinstance(error, NodeRemovedError) and error.may_return:
+            self._note_removed(error)
+            return
         reason = getattr(error, "message", None) or str(error)
         logger.error("heartbeats to the orchestrator stopped: %s", reason)
         self._failure_reason = f"this node lost its place in the job: {reason}"
         self._tell_peers_lost(f"heartbeats stopped: {reason}", None)
+
+    def _note_removed(self, error: NodeRemovedError) -> None:
+        """The orchestrator removed this node while its process lived on: its peers went on
+        without it. What waits on them is aborted; the next re-form takes the node back (or,
+        when it may not come back, the job fails here with the reason)."""
+        if not error.may_return:
+            self._on_heartbeats_stopped(error)
+            return
+        if self._removed_reason:
+            return
+        # "node N was removed from run R (cause)", without the advice that follows.
+        reason = error.message.split("; ")[0]
+        self._removed_at = time.monotonic()
+        self._removed_reason = reason
+        logger.warning("%s while its process lived on; it rejoins at its next re-form", reason)
+        self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
+                           reason=f"removed: {reason}")
+        self._unplanned_change.set()
+        self._tell_peers_lost(f"this node was removed: {reason}", None)
+
+    def _back_after_removal(self) -> None:
+        """Taken back after a removal: heartbeats again, and says so once."""
+        logger.warning("%s and rejoined at generation %d, %.1f s later", self._removed_reason,
+                       self.generation, time.monotonic() - self._removed_at)
+        self.events.record(events.NODE_JOINED, node=self.node_id, generation=self.generation,
+                           rejoined=True, removed_for=self._removed_reason)
+        self._removed_reason = ""
+        self._removed_at = None
+        self._resume_heartbeats()
+
+    def _resume_heartbeats(self) -> None:
+        self._stepped_aside.clear()
+        self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
+                                     self._on_heartbeats_stopped)
+
+    def _step_aside(self, reason: str) -> None:
+        """The watchdog found this node stuck outside TensorFlow while its peers wait for it.
+
+        It stops heartbeating, so the orchestrator removes it at the heartbeat timeout and the
+        others go on without it. It aborts nothing itself: its peers pull buffers from it, and
+        an abort here would fail their step while it still counts as a member. If it recovers,
+        its next collective fails (the watch stream aborted it when the others moved on) and it
+        comes back at the re-form that follows.
+        """
+        logger.error("node %d: %s (%s); it stops heartbeating so that the others go on "
+                     "without it, and comes back if it recovers", self.node_id, reason,
+                     environment.PROGRESS_TIMEOUT)
+        cause = reason.splitlines()[0].split(";")[0]
+        self.events.record(events.FAILURE_DETECTED, node=self.node_id, generation=self.generation,
+                           failed=[self.node_id], cause=f"stuck: {cause}")
+        self._removed_at = time.monotonic()
+        self._removed_reason = f"node {self.node_id} stepped aside after {cause}"
+        self._stepped_aside.set()
+        self.client.stop_heartbeats()
+
+    def _recovered_in_place(self) -> None:
+        """A node that stepped aside committed again before anyone went on without it: it
+        heartbeats again (if it was removed meanwhile, its next heartbeat says so)."""
+        logger.warning("%s and recovered %.1f s later, still a member; heartbeats again",
+                       self._removed_reason, time.monotonic() - self._removed_at)
+        self._removed_reason = ""
+        self._removed_at = None
+        self._resume_heartbeats()
+
+    def _on_stalled(self, reason: str) -> None:
+        logger.warning("node %d: %s (%s); aborting its collectives to re-form", self.node_id,
+                       reason, environment.PROGRESS_TIMEOUT)
+        self._tell_peers_lost(reason, None)
 
     def _watch(self) -> None:
         try:

@@ -19,7 +19,8 @@ from tensorflow.python.distribute import distribute_lib
 from tensorflow_elastic import environment, net
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client, Membership
-from tensorflow_elastic.rendezvous.session import (DEFAULT_JOIN_TIMEOUT_S,
+from tensorflow_elastic.rendezvous.session import (DEFAULT_BARRIER_TIMEOUT_S,
+                                                   DEFAULT_JOIN_TIMEOUT_S,
                                                    DEFAULT_PROGRESS_TIMEOUT_S, MembershipSession)
 from tensorflow_elastic.strategy import cluster
 
@@ -191,7 +192,9 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
             join_timeout=environment.number(environment.JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT_S),
             progress_timeout=environment.number(environment.PROGRESS_TIMEOUT,
                                                 DEFAULT_PROGRESS_TIMEOUT_S),
-            step_events_every=environment.integer(environment.STEP_EVENTS_EVERY, 10))
+            step_events_every=environment.integer(environment.STEP_EVENTS_EVERY, 10),
+            barrier_timeout=environment.number(environment.BARRIER_TIMEOUT,
+                                               DEFAULT_BARRIER_TIMEOUT_S))
         runtime = ElasticRuntime(session, address_reservation=reservation)
         runtime.start()
         _runtime = runtime

@@ -92,7 +92,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                             session.generation)
                 change = _Change.failure(change, session, "a member lost during the state sync", 0)
             except Exception as error:  # noqa: BLE001 - filtered just below
-                if not is_recoverable(error):
+                if not (is_recoverable(error) or session.moved_on()):
                     raise
                 session.check_job_alive()
                 logger.info("collective failed (%s); re-forming", type(error).__name__)

@@ -44,12 +44,17 @@ def env() -> dict[str, str]:
 
 
 class Proc:
-    """A launcher-like process (``python -m MODULE ARGS``) whose output lines are kept."""
+    """A launcher-like process (``python -m MODULE ARGS``) whose output lines are kept, with the
+    time.monotonic() each arrived at; ``wrap`` wraps the command (e.g. to run it on another
+    network stack)."""
 
-    def __init__(self, module: str, args: list[str], cwd: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", module, *args], env=env(), cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    def __init__(self, module: str, args: list[str], cwd: str,
+                 wrap: Callable[[list[str]], list[str]] = lambda argv: argv):
+        self.proc = subprocess.Popen(wrap([sys.executable, "-m", module, *args]), env=env(),
+                                     cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
         self.lines: list[str] = []
+        self.times: list[float] = []
         self._eof = False
         self._cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -58,6 +63,7 @@ class Proc:
         for line in self.proc.stdout:
             with self._cond:
                 self.lines.append(line.rstrip("\n"))
+                self.times.append(time.monotonic())
                 self._cond.notify_all()
         with self._cond:
             self._eof = True
@@ -136,12 +142,13 @@ def port() -> Callable[[], int]:
 
 @pytest.fixture
 def start(tmp_path) -> Iterator[Callable[..., Proc]]:
-    """start(*args, module=launch) runs a launcher (or tensorflowrun) in tmp_path; all are
-    killed, with their workers, at teardown."""
+    """start(*args, module=launch, wrap=...) runs a launcher (or tensorflowrun) in tmp_path; all
+    are killed, with their workers, at teardown."""
     started: list[Proc] = []
 
-    def run(*args: str, module: str = "tensorflow_elastic.distributed.launch") -> Proc:
-        proc = Proc(module, list(args), str(tmp_path))
+    def run(*args: str, module: str = "tensorflow_elastic.distributed.launch",
+            wrap: Callable[[list[str]], list[str]] = lambda argv: argv) -> Proc:
+        proc = Proc(module, list(args), str(tmp_path), wrap)
         started.append(proc)
         return proc
 

@@ -183,6 +183,7 @@ def test_barriers_and_exchanges_of_one_generation_are_capped(serve):
     server, _ = serve(max_gathers=3)
     with Client(server.endpoint, "job", retry_timeout=1) as member:
         member.join("127.0.0.1:20001", 1, 1, timeout=10)
+        member.start_heartbeats(0.25)
         for name in ("a", "b", "c"):
             member.barrier(name, timeout=5)
         member.barrier("a", timeout=5)  # a retry of a held one is not a new gather

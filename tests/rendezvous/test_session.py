@@ -7,8 +7,12 @@ import pytest
 
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client, Membership, Orchestrator
-from tensorflow_elastic.rendezvous.errors import GenerationChangedError
+from tensorflow_elastic.rendezvous.errors import (NODE_REMOVED_MAY_RETURN,
+                                                  GenerationChangedError, NodeRemovedError,
+                                                  RendezvousError)
 from tensorflow_elastic.rendezvous.session import MembershipSession
+from tensorflow_elastic.rendezvous.settings import RunSettings
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Phase
 
 
 class _UnusedClient:
@@ -111,3 +115,86 @@ def test_a_clean_finish_is_no_lost_place():
         time.sleep(1.5)  # three heartbeat intervals: none may follow the leave
         session.check_job_alive()
         assert lost == []
+
+
+def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(caplog):
+    settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server:
+        session, lost = _watching_session(server.endpoint, 2)
+        try:
+            node_id, generation = session.node_id, session.generation
+            session.client.stop_heartbeats()  # silent past the timeout: a frozen process
+            deadline = time.monotonic() + 20
+            with Client(server.endpoint, "job") as probe:
+                while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            session._resume_heartbeats()  # it resumes: its next heartbeat finds it removed
+            while not lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert any("this node was removed" in reason for reason in lost)
+            session.check_job_alive()  # not a failure of the job
+            session.reform()
+            assert session.node_id == node_id and session.generation > generation
+            assert "(no heartbeat for 1 s) and rejoined at generation" in caplog.text
+            time.sleep(1.5)  # heartbeats again: it stays
+            session.check_job_alive()
+            with Client(server.endpoint, "job") as probe:
+                assert probe.status()[0].membership.members.keys() == {node_id}
+        finally:
+            session.close()
+
+
+class _HeartbeatClient:
+    """Answers a heartbeat with `reply` (an exception is raised)."""
+
+    node_id = 0
+
+    def __init__(self, reply):
+        self.reply = reply
+
+    def heartbeat(self):
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return self.reply
+
+    def stop_heartbeats(self):
+        pass
+
+
+@pytest.mark.parametrize("reply, moved_on", [
+    (HeartbeatInfo(7, Phase.ACTIVE, 0, 0, True, 0), False),
+    (HeartbeatInfo(8, Phase.ACTIVE, 0, 0, True, 0), True),
+    (NodeRemovedError("node 0 was removed (no heartbeat for 1.5 s); ...",
+                      reason=NODE_REMOVED_MAY_RETURN), True),
+    (RendezvousError("unreachable"), False),
+])
+def test_a_failed_collective_is_a_consequence_of_the_change_when_the_job_moved_on(reply,
+                                                                                 moved_on):
+    session = _member_of_generation_7()
+    session.client = _HeartbeatClient(reply)
+    assert session.moved_on() == moved_on
+    session.check_job_alive()  # a removal that allows a return is no failure of the job
+
+
+def test_a_member_that_knows_of_a_change_has_moved_on_without_asking():
+    session = _member_of_generation_7()
+    session._unplanned_change.set()
+    assert session.moved_on()
+
+
+def test_a_stuck_node_that_recovers_before_its_removal_stays_and_heartbeats_again(caplog):
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=2.0)) as server:
+        session, _ = _watching_session(server.endpoint, 2)
+        try:
+            session._step_aside("no commit for 300 s and the main thread is not in TensorFlow")
+            time.sleep(1.0)  # silent, but not for the whole timeout
+            session.report_step(1)  # it commits again
+            time.sleep(2.5)
+            session.check_job_alive()
+            with Client(server.endpoint, "job") as probe:
+                assert probe.status()[0].membership.members.keys() == {session.node_id}
+            assert "stepped aside after no commit for 300 s" in caplog.text
+            assert "recovered 1.0 s later, still a member" in caplog.text
+        finally:
+            session.close()
+            session.client.close()  # ends its watch stream, which would hold the server open

@@ -4,7 +4,9 @@ Prints one JSON line per committed step ({"node", "step", "loss", "world",
 "generation", "checksum"}) and a final {"done": ...} line. Settings come from
 the launcher-style environment (TFE_*) and argv: steps, sleep per step, and a
 pause before training (printing {"paused": ...} first) that keeps the others
-waiting in the first state sync.
+waiting in the first state sync. With HANG_FILE set (a path with "{node}" in
+it), a worker whose file exists hangs in Python after its step, before the
+commit, until the file is removed (its heartbeat thread keeps running).
 """
 
 import json
@@ -21,6 +23,7 @@ from tensorflow_elastic import ops
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 60
 STEP_SLEEP_S = float(sys.argv[2]) if len(sys.argv) > 2 else 0.05
 PAUSE_BEFORE_TRAIN_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+HANG_FILE = os.environ.get("HANG_FILE", "")
 GLOBAL_BATCH = 12
 FEATURES = 8
 
@@ -83,6 +86,8 @@ def train(state):
                           "checksum": float(tf.reduce_sum(weights.read_value()) + bias.read_value())}),
               flush=True)
         time.sleep(STEP_SLEEP_S)
+        while HANG_FILE and os.path.exists(HANG_FILE.format(node=runtime.node_id)):
+            time.sleep(0.05)
         state.commit()
 
 

@@ -1,0 +1,66 @@
+"""The network-namespace harness (tools/netns.py): hosts reach each other over the bridge; a host
+whose link is down vanishes without a reset and comes back when it is up; nothing is left behind."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tools.netns import Hosts, NetnsUnavailable
+
+# Connects to host 0's port 7000 with a 1 s timeout; prints "ok" or the error's class name.
+_CONNECT = ("import socket, sys\n"
+            "try:\n"
+            "    socket.create_connection((sys.argv[1], 7000), timeout=1.0).close(); print('ok')\n"
+            "except OSError as e:\n"
+            "    print(type(e).__name__)\n")
+_SERVE = ("import socket, time\n"
+          "s = socket.socket(); s.bind(('0.0.0.0', 7000)); s.listen(8); print('ready', flush=True)\n"
+          "while True: s.accept()[0].close()\n")
+
+
+@pytest.fixture
+def hosts():
+    try:
+        made = Hosts(2)
+    except NetnsUnavailable as e:
+        pytest.skip(str(e))
+    with made:
+        yield made
+
+
+def _connect(hosts: Hosts, to: int) -> str:
+    out = subprocess.run(hosts.command(1, [sys.executable, "-c", _CONNECT, hosts.address(to)]),
+                         capture_output=True, text=True, timeout=30)
+    return out.stdout.strip()
+
+
+def test_link_down_vanishes_without_reset_and_link_up_returns(hosts):
+    server = hosts.run(0, [sys.executable, "-c", _SERVE], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    assert _connect(hosts, 0) == "ok"
+    hosts.link_down(0)
+    assert _connect(hosts, 0) == "TimeoutError"  # no reset: the peer just stops answering
+    hosts.link_up(0)
+    assert _connect(hosts, 0) == "ok"
+
+
+def test_close_kills_processes_and_deletes_namespaces():
+    try:
+        hosts = Hosts(1)
+    except NetnsUnavailable as e:
+        pytest.skip(str(e))
+    with hosts:
+        proc = hosts.run(0, [sys.executable, "-c", "import time; time.sleep(600)"])
+        names = list(hosts.names)
+    assert proc.poll() is not None
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                            timeout=10).stdout
+    assert not any(name in listed for name in names)
+
+
+def test_bad_count_is_refused():
+    with pytest.raises(ValueError, match="1 to 250"):
+        Hosts(0)

@@ -1,0 +1,149 @@
+"""Hosts on separate network stacks, for tests and benchmarks of vanished hosts (standard library
+only; the tensorflow_elastic package never imports it).
+
+``Hosts(n)`` makes n network namespaces, each with one interface (eth0, 10.77.0.<i+1>/24)
+plugged by a veth pair into a bridge that lives in a namespace of its own, so nothing in the
+caller's network stack changes. ``link_down(i)`` unplugs host i at the bridge: its peers get no
+reset and no error, their packets just stop arriving, as after a power loss or a partition;
+``link_up(i)`` plugs it back in. ``run(i, argv)`` starts a process on host i. Leaving the
+``with`` block (or ``close()``) kills the processes it started, by pid, and deletes the
+namespaces, also after a failure.
+
+Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2; otherwise the constructor raises
+:class:`NetnsUnavailable`, whose message says why (tests skip with it)::
+
+    from tools.netns import Hosts, NetnsUnavailable
+    try:
+        hosts = Hosts(3)
+    except NetnsUnavailable as e:
+        pytest.skip(str(e))
+    with hosts:
+        proc = hosts.run(0, ["python", "-m", "http.server", "--bind", hosts.address(0)])
+        hosts.link_down(0)
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+from typing import Any, Sequence
+
+SUBNET_PREFIX = "10.77.0."
+_IP_TIMEOUT_S = 10.0
+_STOP_TIMEOUT_S = 10.0
+
+
+class NetnsUnavailable(RuntimeError):
+    """Network namespaces cannot be made here (not root, no iproute2, a sandbox forbids it)."""
+
+
+class Hosts:
+    """``count`` namespaces on one bridge; host i has address ``10.77.0.<i+1>``."""
+
+    def __init__(self, count: int):
+        if not 1 <= count <= 250:
+            raise ValueError(f"need 1 to 250 hosts, got {count}")
+        if shutil.which("ip") is None:
+            raise NetnsUnavailable("network namespaces need iproute2's `ip` command, not found")
+        if os.geteuid() != 0:
+            raise NetnsUnavailable("network namespaces need root (ip netns add); run as root")
+        tag = secrets.token_hex(3)
+        self.names = [f"tfe-{tag}-h{i}" for i in range(count)]
+        self._switch = f"tfe-{tag}-sw"
+        self._procs: list[subprocess.Popen] = []
+        self._made: list[str] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+
+    def _build(self) -> None:
+        try:
+            _ip("netns", "add", self._switch)
+        except subprocess.CalledProcessError as e:
+            raise NetnsUnavailable(f"`ip netns add` is not permitted here: "
+                                   f"{e.stderr.strip() or e}") from None
+        self._made.append(self._switch)
+        _ip("-n", self._switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self._switch, "link", "set", "br0", "up")
+        for i, name in enumerate(self.names):
+            _ip("netns", "add", name)
+            self._made.append(name)
+            port = self._port(i)
+            _ip("link", "add", "eth0", "netns", name, "type", "veth",
+                "peer", "name", port, "netns", self._switch)
+            _ip("-n", self._switch, "link", "set", port, "master", "br0")
+            _ip("-n", self._switch, "link", "set", port, "up")
+            _ip("-n", name, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
+            _ip("-n", name, "link", "set", "eth0", "up")
+            _ip("-n", name, "link", "set", "lo", "up")
+
+    def __enter__(self) -> "Hosts":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    @staticmethod
+    def address(i: int) -> str:
+        """Host i's IPv4 address."""
+        return f"{SUBNET_PREFIX}{i + 1}"
+
+    @staticmethod
+    def _port(i: int) -> str:
+        return f"p{i}"
+
+    def command(self, i: int, argv: Sequence[str]) -> list[str]:
+        """``argv`` wrapped to run on host i (for callers that start processes their own way)."""
+        return ["ip", "netns", "exec", self.names[i], *argv]
+
+    def run(self, i: int, argv: Sequence[str], **popen: Any) -> subprocess.Popen:
+        """Starts ``argv`` on host i (keyword arguments go to Popen); killed at close().
+
+        ``ip netns exec`` replaces itself with ``argv``, so the pid is the program's.
+        """
+        proc = subprocess.Popen(self.command(i, argv), **popen)
+        self._procs.append(proc)
+        return proc
+
+    def link_down(self, i: int) -> None:
+        """Unplugs host i at the bridge: nothing reaches it or leaves it, and nobody is told."""
+        _ip("-n", self._switch, "link", "set", self._port(i), "down")
+
+    def link_up(self, i: int) -> None:
+        """Plugs host i back in; its connections resume where TCP's retransmissions left them."""
+        _ip("-n", self._switch, "link", "set", self._port(i), "up")
+
+    def close(self) -> None:
+        """Kills the processes started here (SIGCONT first, for stopped ones), then deletes the
+        namespaces; safe to call twice."""
+        for proc in self._procs:
+            if proc.poll() is None:
+                for sig in (signal.SIGKILL, signal.SIGCONT):
+                    try:
+                        os.kill(proc.pid, sig)
+                    except ProcessLookupError:
+                        break
+            try:
+                proc.wait(timeout=_STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._procs.clear()
+        for name in reversed(self._made):
+            try:
+                _ip("netns", "del", name)
+            except subprocess.CalledProcessError:
+                pass
+        self._made.clear()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True,
+                   timeout=_IP_TIMEOUT_S)
