@@ -63,6 +63,7 @@ WORKER = os.path.join(HERE, "chaos_worker.py")
 KILL_KINDS = ("kill_step", "kill_chief_step", "kill_commit", "kill_sync_join", "kill_chief_join")
 HEARTBEAT_TIMEOUT_S = RunSettings().heartbeat_timeout  # the embedded orchestrator's default
 WAIT_S = 180.0
+ORCHESTRATOR_PORT = 29400  # on its own network namespace: no other process there
 FEATURES = 8
 LEARNING_RATE = 0.05
 
@@ -110,31 +111,59 @@ class Fault:
 
 
 class ChaosJob(Job):
-    def __init__(self, tmp: str, args: argparse.Namespace):
+    """The job: one launcher with an embedded orchestrator, or with `hosts` (tools/netns.Hosts)
+    an orchestrator on host 0 and a launcher with one worker on each other host."""
+
+    def __init__(self, tmp: str, args: argparse.Namespace, hosts=None):
         super().__init__()
         self.control = os.path.join(tmp, "control")
         os.makedirs(self.control)
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))
-        self.launcher = LauncherProcess(
-            [sys.executable, "-m", "tensorflow_elastic.distributed.launch", "--standalone",
-             f"--nworkers=2:{args.workers}", f"--nproc_per_node={args.workers}",
-             "--max_restarts=100000",
-             f"--monitor_interval={args.monitor_interval}", "--stop_timeout=10",
-             f"--events_file={self.events.path}", f"--log_dir={os.path.join(tmp, 'logs')}",
-             WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
-             "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
-             *(["--trace"] if args.trace else [])], self.env)
+        self.hosts = hosts
+        worker = [WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
+                  "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
+                  *(["--trace"] if args.trace else [])]
+        launch = [sys.executable, "-m", "tensorflow_elastic.distributed.launch",
+                  "--max_restarts=100000", f"--monitor_interval={args.monitor_interval}",
+                  "--stop_timeout=10", f"--events_file={self.events.path}",
+                  f"--log_dir={os.path.join(tmp, 'logs')}"]
+        if hosts is None:
+            self.orchestrator = None
+            self.launchers = [LauncherProcess(
+                [*launch, "--standalone", f"--nworkers=2:{args.workers}",
+                 f"--nproc_per_node={args.workers}", *worker], self.env)]
+            return
+        endpoint = f"{hosts.address(0)}:{ORCHESTRATOR_PORT}"
+        self.orchestrator = LauncherProcess(hosts.command(0, [
+            sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host", hosts.address(0),
+            "--port", str(ORCHESTRATOR_PORT), "--insecure", "--events_file", self.events.path]),
+            self.env)
+        self.launchers = [LauncherProcess(hosts.command(i, [
+            *launch, f"--rdzv_endpoint={endpoint}", f"--nworkers=2:{len(hosts) - 1}",
+            "--nproc_per_node=1", *worker]), self.env) for i in range(1, len(hosts))]
+
+    def records(self) -> list[dict]:
+        return [r for launcher in self.launchers for r in list(launcher.records)]
+
+    def host_of(self, node: int) -> int:
+        """The host (index into Hosts) whose launcher runs `node`'s worker."""
+        return next(i + 1 for i, launcher in enumerate(self.launchers)
+                    if any(r.get("node") == node for r in list(launcher.records)))
+
+    def finished(self) -> bool:
+        return all(launcher.proc.poll() is not None for launcher in self.launchers)
 
     def launcher_rss_mb(self) -> float:
-        """The launcher's resident memory: it hosts the orchestrator (--standalone)."""
-        with open(f"/proc/{self.launcher.proc.pid}/status") as f:
+        """The orchestrator's resident memory (the launcher's, with --standalone)."""
+        process = self.orchestrator or self.launchers[0]
+        with open(f"/proc/{process.proc.pid}/status") as f:
             for line in f:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024
         return float("nan")
 
     def steps(self) -> list[dict]:
-        return [r for r in list(self.launcher.records) if "step" in r and "done" not in r]
+        return [r for r in self.records() if "step" in r and "done" not in r]
 
     def pid_of(self, node: int) -> int:
         return max((r for r in self.steps() if r["node"] == node), key=lambda r: r["t"])["pid"]
@@ -157,22 +186,25 @@ class ChaosJob(Job):
         os.kill(pid, sig)
 
     def check_alive(self) -> None:
-        if self.launcher.proc.poll() is not None:
-            raise RuntimeError(f"the launcher exited ({self.launcher.proc.returncode}):\n"
-                               f"{self.launcher.stderr_tail(40)}")
+        for process in filter(None, (self.orchestrator, *self.launchers)):
+            if process.proc.poll() is not None:
+                raise RuntimeError(f"{process.proc.args[-1]} exited ({process.proc.returncode}):"
+                                   f"\n{process.stderr_tail(40)}")
 
     def close(self) -> None:
-        self.launcher.stop(signal.SIGTERM)
+        for process in filter(None, (*self.launchers, self.orchestrator)):
+            process.stop(signal.SIGTERM)
         super().close()
 
 
-def wait(job: ChaosJob, predicate, what: str, timeout: float = WAIT_S):
+def wait(job: ChaosJob, predicate, what: str, timeout: float = WAIT_S, check: bool = True):
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
-        job.check_alive()
+        if check:
+            job.check_alive()
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(0.01)
@@ -223,6 +255,8 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
         chief = kind == "kill_chief_step" or (kind == "kill_commit" and rng.random() < 0.5)
         if kind == "kill_newest":
             victim = max(members)
+        elif kind == "vanish":
+            victim = rng.choice(members)
         else:
             victim = min(members) if chief else rng.choice(members[1:])
         pid = job.pid_of(victim)
@@ -233,6 +267,14 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
             wait(job, lambda: os.path.exists(killed), "the kill in a commit")
             with open(killed) as f:
                 t0 = float(f.read().split()[0])
+        elif kind == "vanish":
+            host = job.host_of(victim)
+            last = max(r["t"] for r in job.steps() if r["node"] == victim)
+            wait(job, lambda: max(r["t"] for r in job.steps() if r["node"] == victim) > last,
+                 "a step of the victim")
+            time.sleep(rng.uniform(0.0, step_s))
+            t0 = time.time()
+            job.hosts.link_down(host)
         elif kind == "stall":
             t0 = time.time()
             job.signal(pid, signal.SIGSTOP)
@@ -310,7 +352,7 @@ def trace(job: ChaosJob, fault: Fault) -> str:
     end = fault.t0 + fault.recovery_s
     lines = []
     for node in sorted(m for m in fault.members if m != fault.victim):
-        marks = [(r["t"], r["trace"]) for r in list(job.launcher.records)
+        marks = [(r["t"], r["trace"]) for r in job.records()
                  if r.get("node") == node and "trace" in r and fault.t0 <= r["t"] <= end]
         first = min(r["t"] for r in job.steps() if r["node"] == node and r["t"] > fault.t0
                     and r["generation"] > fault.generation)
@@ -355,21 +397,28 @@ def plan(faults: int, stalls: int, rng: random.Random) -> list[str]:
     return kinds
 
 
-def run(args: argparse.Namespace, tmp: str) -> dict:
+def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
+    """The job, its faults (with `hosts`: --vanish cuts of a host's link) and the checks."""
     import numpy as np
 
     rng = random.Random(args.seed)
-    job = ChaosJob(tmp, args)
+    job = ChaosJob(tmp, args, hosts)
+    workers = args.workers if hosts is None else len(hosts) - 1
     faults: list[Fault] = []
     orchestrator_rss: list[tuple[int, float]] = []
     slow: list[dict] = []
     hangs = 0
     try:
-        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == args.workers and job.stepping(
+        gen = wait(job, lambda: (lambda g: g if len(g["members"]) == workers and job.stepping(
             g["generation"], g["members"], 20) else None)(job.current()), "the job to start")
         times = sorted(r["t"] for r in job.steps() if r["node"] == gen["members"][0])
         step_s = statistics.median(b - a for a, b in zip(times, times[1:]))
-        kinds = ["kill_newest"] * args.faults if args.soak else plan(args.faults, args.stalls, rng)
+        if hosts is not None:
+            kinds = ["vanish"] * args.vanish
+        elif args.soak:
+            kinds = ["kill_newest"] * args.faults
+        else:
+            kinds = plan(args.faults, args.stalls, rng)
         for i, kind in enumerate(kinds):
             fault = inflict(job, kind, rng, step_s)
             orchestrator_rss.append((fault.generation, job.launcher_rss_mb()))
@@ -380,21 +429,24 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
                 raise
             finally:
                 faults.append(fault)
-            print(f"[{i + 1}/{args.faults}] {fault.kind:<16} node {fault.victim:>3} gen "
+            if fault.kind == "vanish":
+                time.sleep(1.0)  # past the removal: the host comes back and its worker rejoins
+                hosts.link_up(job.host_of(fault.victim))
+            print(f"[{i + 1}/{len(kinds)}] {fault.kind:<16} node {fault.victim:>3} gen "
                   f"{fault.generation:>3}: detection {_fmt(fault.detection_s)} recovery "
                   f"{_fmt(fault.recovery_s)} lost steps {fault.lost_steps}", flush=True)
             if args.trace:
                 print(trace(job, fault), flush=True)
-        for kind in ("pause_member", "busy_cores") if args.slow else ():
+        for kind in ("pause_member", "busy_cores") if args.slow and hosts is None else ():
             slow.append(slow_down(job, kind, rng))
             print(f"[slow] {slow[-1]}", flush=True)
         target = max(r["step"] for r in job.steps()) + 20
         with open(os.path.join(job.control, "stop.tmp"), "w") as f:
             f.write(str(target))
         os.rename(os.path.join(job.control, "stop.tmp"), os.path.join(job.control, "stop"))
-        wait(job, lambda: job.launcher.proc.poll() is not None, "the launcher to finish")
-        time.sleep(1.0)  # the reader thread takes in the last lines of the closed pipe
-        finals = [r for r in list(job.launcher.records) if r.get("done")]
+        wait(job, job.finished, "the launchers to finish", check=False)
+        time.sleep(1.0)  # the reader threads take in the last lines of the closed pipes
+        finals = [r for r in job.records() if r.get("done")]
         # Not the last generation's members: members leaving at the end admit waiting nodes.
         members = {r["node"] for r in job.steps() if r["step"] == target}
     finally:
@@ -409,11 +461,25 @@ def run(args: argparse.Namespace, tmp: str) -> dict:
                                     for r in finals)
     equal = finished and all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12)
                              for r in finals)
-    resources = [r for r in job.launcher.records if "resources" in r]
+    resources = [r for r in job.records() if "resources" in r]
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
             "resources": resources, "orchestrator_rss": orchestrator_rss, "slow": slow,
             "equal_to_replay": equal, "steps": target, "step_s": step_s,
-            "launcher_code": job.launcher.proc.returncode}
+            "launcher_codes": [launcher.proc.returncode for launcher in job.launchers]}
+
+
+def vanished_hosts(args: argparse.Namespace) -> dict | None:
+    """The --vanish job on network namespaces; None (and why) where they cannot be made."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from tools.netns import Hosts, NetnsUnavailable
+
+    try:
+        hosts = Hosts(4)
+    except NetnsUnavailable as e:
+        print(f"vanished hosts not measured: {e}", flush=True)
+        return None
+    with hosts, tempfile.TemporaryDirectory(prefix="tfe-chaos-hosts-") as tmp:
+        return run(args, tmp, hosts)
 
 
 def soak_summary(result: dict) -> dict:
@@ -469,6 +535,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="after the faults, make a healthy member slow for 1.5x the heartbeat "
                         "timeout twice (it spins in Python; two other processes keep both cores "
                         "busy) and count the failures detected meanwhile (false_removals)")
+    parser.add_argument("--vanish", type=int, default=0,
+                        help="after the run, a second job on network namespaces (an orchestrator "
+                        "host, three worker hosts; needs root) whose hosts' links go down this "
+                        "many times mid-step, each back 1 s after the survivors went on "
+                        "(vanished_host_s: the longest link down -> every survivor's first step)")
     parser.add_argument("--workers", type=int, default=None,
                         help="workers (default 3; 4 with --soak)")
     parser.add_argument("--keep", help="copy the events file here")
@@ -489,6 +560,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 import shutil
                 shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
+    vanished = vanished_hosts(args) if args.vanish else None
     faults = result["faults"]
     if args.soak:
         print(json.dumps(soak_summary(result)))
@@ -508,13 +580,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{statistics.median(det) if det else float('nan'):>12.3f}"
                   f"{max(f.lost_steps for f in of):>10}")
     print(f"steps {result['steps']}, {result['step_s'] * 1e3:.1f} ms/step before the faults, "
-          f"launcher exit code {result['launcher_code']}, hangs {result['hangs']}")
+          f"launcher exit codes {result['launcher_codes']}, hangs {result['hangs']}")
     summary = {
         "faults": len(faults),
         "recovery_p50_s": round(statistics.median(recovery), 4),
         "recovery_p90_s": round(percentile(recovery, 0.9), 4),
         "recovery_max_s": round(max(recovery), 4),
-        "vanished_host_s": None,
+        "vanished_host_s": vanished and round(max(f.recovery_s for f in vanished["faults"]), 4),
         "lost_steps_max": max(f.lost_steps for f in faults),
         "exactly_once": result["exactly_once"],
         "equal_to_replay": result["equal_to_replay"],
@@ -524,6 +596,9 @@ def main(argv: list[str] | None = None) -> int:
         "stall_recovery_max_s": round(max(f.recovery_s for f in stalls), 4) if stalls else None,
         "hangs": result["hangs"],
     }
+    if vanished:
+        summary["vanished_exactly_once"] = vanished["exactly_once"]
+        summary["vanished_equal_to_replay"] = vanished["equal_to_replay"]
     if args.slow:
         summary["false_removals"] = sum(s["removals"] for s in result["slow"])
     print(json.dumps(summary))

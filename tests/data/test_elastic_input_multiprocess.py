@@ -81,7 +81,8 @@ def _orchestrator_events(tmp_path, event):
 
 
 def test_the_chief_killed_while_newcomers_join_then_a_member_during_their_sync(
-        orchestrator, start_workers, tmp_path, wait):
+        start_orchestrator, start_workers, tmp_path, wait):
+    orchestrator = start_orchestrator("--events_file", str(tmp_path / "events.jsonl"))
     first = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=5,
                           script="data/elastic_input_worker.py", args=ARGS)
     for w in first:

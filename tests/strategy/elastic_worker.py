@@ -1,7 +1,7 @@
 """A worker of the multi-process strategy tests: linear regression in a custom loop.
 
 Prints one JSON line per committed step ({"node", "step", "loss", "world",
-"generation", "checksum"}) and a final {"done": ...} line. Settings come from
+"generation", "threads", "checksum"}) and a final {"done": ...} line. Settings come from
 the launcher-style environment (TFE_*) and argv: steps, sleep per step, and a
 pause before training (printing {"paused": ...} first) that keeps the others
 waiting in the first state sync. With HANG_FILE set (a path with "{node}" in
@@ -83,6 +83,7 @@ def train(state):
         print(json.dumps({"node": runtime.node_id, "step": state.step, "loss": float(loss),
                           "world": runtime.membership.world_size,
                           "generation": runtime.generation,
+                          "threads": len(os.listdir("/proc/self/task")),
                           "checksum": float(tf.reduce_sum(weights.read_value()) + bias.read_value())}),
               flush=True)
         time.sleep(STEP_SLEEP_S)

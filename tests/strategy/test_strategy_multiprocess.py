@@ -202,3 +202,23 @@ def test_grow_then_shrink(orchestrator, start_workers, tmp_path):
     worlds = [e["world_size"] for e in _read(tmp_path, events.GENERATION_START)
               if e["node"] == first[1].node_id]
     assert worlds == [3, 2]
+
+
+def test_a_member_s_threads_stay_flat_over_re_forms(orchestrator, start_workers, wait):
+    """The chief lives through 8 re-forms (a member killed, its replacement joins, 4 times): it
+    keeps no thread of an earlier generation (benchmarks/chaos.py --soak does 200)."""
+    workers = start_workers(orchestrator.endpoint, 3, min_nodes=2, max_nodes=3, steps=10**6)
+    for w in workers:
+        w.wait_for_step(5)
+    chief = min(workers, key=lambda w: w.node_id)
+    threads = []
+    for _ in range(4):
+        victim = max((w for w in workers if w.proc.poll() is None), key=lambda w: w.node_id)
+        generation = chief.steps[-1]["generation"]
+        victim.signal(signal.SIGKILL)
+        workers += start_workers(orchestrator.endpoint, 1, min_nodes=2, max_nodes=3, steps=10**6)
+        wait(lambda: any(r["world"] == 3 and r["generation"] > generation + 1
+                         for r in chief.steps), timeout=120, what="the replacement to join")
+        threads.append(chief.steps[-1]["threads"])
+    # The first re-forms may start pools that are kept (gRPC, TensorFlow's executors).
+    assert threads[-1] <= threads[1] + 2, threads
