@@ -1,4 +1,4 @@
-"""The worker of benchmarks/chaos.py: a realistic elastic loop that a driver can hurt at chosen points.
+"""The worker of benchmarks/chaos.py: a realistic elastic loop that a driver hurts where it chooses.
 
 Linear regression (float64, so a single-process replay can be compared) over
 `strategy.distribute_elastic_dataset(tf.data.Dataset.range(...))`, a commit
