@@ -319,8 +319,7 @@ class MembershipSession:
         if info.state == Phase.FAILED:
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed")
-        elif self.membership is not None and not self.standby \
-                and info.generation > self.membership.generation:
+        elif self._generation_ended(info.generation, info.state):
             self._note_unplanned_change(f"generation {info.generation} started")
 
     def _on_heartbeats_stopped(self, error: Exception) -> None:
@@ -411,11 +410,17 @@ class MembershipSession:
                     self._failure_reason = update.reason
                     self._note_unplanned_change(f"run failed: {update.reason}")
                     return
-                if self.membership is not None and not self.standby \
-                        and update.membership.generation > self.membership.generation:
+                if self._generation_ended(update.membership.generation, update.state):
                     self._note_unplanned_change(update.reason or "membership changed")
         except Exception as e:  # noqa: BLE001 - the heartbeat thread still watches
             logger.warning("membership watch ended: %s", e)
+
+    def _generation_ended(self, generation: int, state: Phase) -> bool:
+        """Whether the orchestrator ended this member's generation: a newer one started, or the
+        run fell below min_nodes (FORMING), which leaves the number as it was."""
+        if self.membership is None or self.standby:
+            return False
+        return generation > self.membership.generation or state == Phase.FORMING
 
     def _note_unplanned_change(self, reason: str) -> None:
         if self._reforming.is_set():
