@@ -43,6 +43,8 @@ DEFAULT_BARRIER_TIMEOUT_S = 30.0
 # and benchmarks, minutes for a first step that compiles a large model); PyTorch's NCCL
 # collectives time out after 10 minutes by default, which the fallback below (twice this) matches.
 DEFAULT_PROGRESS_TIMEOUT_S = 300.0
+# How often a removed node whose address is blocked asks again to come back.
+BLOCKED_RETRY_S = 2.0
 
 PeersLostListener = Callable[[str], None]
 RegroupListener = Callable[[Membership], None]
@@ -135,19 +137,27 @@ class MembershipSession:
         return self.node_id, dict(self.membership.members), self.membership.generation
 
     def _join(self) -> None:
-        """Blocks until this node is a member of a generation newer than its last one."""
-        try:
-            self.membership = self.client.join(self.address, self.min_nodes, self.max_nodes,
-                                               timeout=self.join_timeout)
-        except RunFailedError as e:
-            raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
-        except NodeRemovedError as e:
-            raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") from None
-        except BlocklistedError as e:
-            if not self._removed_reason:
-                raise
-            raise ElasticJobFailed(f"{self._removed_reason}, and it cannot come back: "
-                                   f"{e.message}") from None
+        """Blocks until this node is a member of a generation newer than its last one.
+
+        A node coming back after a removal whose address is blocked (it failed repeatedly)
+        waits the block out, within its join timeout.
+        """
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            try:
+                self.membership = self.client.join(self.address, self.min_nodes, self.max_nodes,
+                                                   timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except RunFailedError as e:
+                raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
+            except NodeRemovedError as e:
+                raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") \
+                    from None
+            except BlocklistedError as e:
+                if not self._removed_reason or time.monotonic() > deadline:
+                    raise
+                logger.warning("%s; it waits to come back: %s", self._removed_reason, e.message)
+                time.sleep(BLOCKED_RETRY_S)
         self._unplanned_change.clear()
         if self._removed_reason:
             self._back_after_removal()

@@ -212,3 +212,25 @@ def test_a_member_notices_the_end_of_its_generation(generation, state, ended):
     session.on_peers_lost(lost.append)
     session._on_heartbeat(HeartbeatInfo(generation, state, 0, 0, True, 0))
     assert session.wants_reform() == ended and bool(lost) == ended
+
+
+def test_a_removed_node_whose_address_is_blocked_waits_the_block_out_to_come_back(caplog):
+    settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2, blocklist_after=1,
+                           blocklist_cooldown=1.0)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server:
+        session, lost = _watching_session(server.endpoint, 2)
+        try:
+            session.client.stop_heartbeats()
+            deadline = time.monotonic() + 20
+            with Client(server.endpoint, "job") as probe:
+                while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            session._resume_heartbeats()
+            while not session._removed_reason and time.monotonic() < deadline:
+                time.sleep(0.05)
+            session.reform()  # blocked for 1 s first
+            assert "it waits to come back: address 127.0.0.1:20001" in caplog.text
+            assert "and rejoined at generation" in caplog.text
+        finally:
+            session.close()
+            session.client.close()
