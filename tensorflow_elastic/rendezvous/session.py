@@ -399,8 +399,15 @@ class MembershipSession:
         self.client.stop_heartbeats()
 
     def _recovered_in_place(self) -> None:
-        """A node that stepped aside committed again before anyone went on without it: it
-        heartbeats again (if it was removed meanwhile, its next heartbeat says so)."""
+        """A node that stepped aside commits again: if nobody went on without it yet, it
+        heartbeats again; if it was removed meanwhile, it comes back at its next re-form."""
+        try:
+            self.client.heartbeat()
+        except NodeRemovedError:
+            self._stepped_aside.clear()  # the re-form takes it back and heartbeats again
+            return
+        except RendezvousError:
+            return  # asked again at the next commit
         logger.warning("%s and recovered %.1f s later, still a member; heartbeats again",
                        self._removed_reason, time.monotonic() - self._removed_at)
         self._removed_reason = ""
