@@ -79,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         while any(w.proc.poll() is None for w in workers):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the workers still run after {WAIT_S:g} s")
+                tails = "\n".join(f"--- pid {w.proc.pid}, last step {w.last_step()}:\n"
+                                  f"{w.stderr_tail(40)}" for w in workers)
+                raise TimeoutError(f"the workers still run after {WAIT_S:g} s (events: "
+                                   f"{events_file})\n{tails}")
             try:
                 status = client.status()[0]
             except RendezvousError:

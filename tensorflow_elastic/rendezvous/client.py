@@ -288,6 +288,9 @@ class _Heartbeats:
             self._beat()
         except Exception as e:  # noqa: BLE001 - the owner must hear why its heartbeats ended
             self.error = e
+            if self._on_stop is not None and isinstance(e, RendezvousError):
+                self._on_stop(e)  # the orchestrator's answer (removed, run failed): its owner says why
+                return
             logger.exception("heartbeats to the orchestrator stopped")
             if self._on_stop is not None:
                 self._on_stop(e)

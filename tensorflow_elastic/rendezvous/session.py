@@ -43,9 +43,11 @@ DEFAULT_BARRIER_TIMEOUT_S = 30.0
 # and benchmarks, minutes for a first step that compiles a large model); PyTorch's NCCL
 # collectives time out after 10 minutes by default, which the fallback below (twice this) matches.
 DEFAULT_PROGRESS_TIMEOUT_S = 300.0
+# How often a removed node whose address is blocked asks again to come back.
+BLOCKED_RETRY_S = 2.0
 
-# listener(reason, generation): `generation` is the orchestrator's newest generation when the
-# loss is a membership change (collectives of older generations must stop), None when every
+# listener(reason, generation): when the loss is a membership change, `generation` is the first
+# generation that has not ended (collectives of older ones must stop); None when every
 # collective must stop (the run failed, this node lost its place, the watchdog fired).
 PeersLostListener = Callable[[str, "int | None"], None]
 RegroupListener = Callable[[Membership], None]
@@ -138,19 +140,27 @@ class MembershipSession:
         return self.node_id, dict(self.membership.members), self.membership.generation
 
     def _join(self) -> None:
-        """Blocks until this node is a member of a generation newer than its last one."""
-        try:
-            self.membership = self.client.join(self.address, self.min_nodes, self.max_nodes,
-                                               timeout=self.join_timeout)
-        except RunFailedError as e:
-            raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
-        except NodeRemovedError as e:
-            raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") from None
-        except BlocklistedError as e:
-            if not self._removed_reason:
-                raise
-            raise ElasticJobFailed(f"{self._removed_reason}, and it cannot come back: "
-                                   f"{e.message}") from None
+        """Blocks until this node is a member of a generation newer than its last one.
+
+        A node coming back after a removal whose address is blocked (it failed repeatedly)
+        waits the block out, within its join timeout.
+        """
+        deadline = time.monotonic() + self.join_timeout
+        while True:
+            try:
+                self.membership = self.client.join(self.address, self.min_nodes, self.max_nodes,
+                                                   timeout=max(1.0, deadline - time.monotonic()))
+                break
+            except RunFailedError as e:
+                raise ElasticJobFailed(f"the elastic job cannot continue: {e.message}") from None
+            except NodeRemovedError as e:
+                raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") \
+                    from None
+            except BlocklistedError as e:
+                if not self._removed_reason or time.monotonic() > deadline:
+                    raise
+                logger.warning("%s; it waits to come back: %s", self._removed_reason, e.message)
+                time.sleep(BLOCKED_RETRY_S)
         self._unplanned_change.clear()
         if self._removed_reason:
             self._back_after_removal()
@@ -322,9 +332,9 @@ class MembershipSession:
         if info.state == Phase.FAILED:
             self._failure_reason = "the orchestrator ended the run"
             self._note_unplanned_change("run failed", None)
-        elif self.membership is not None and not self.standby \
-                and info.generation > self.membership.generation:
-            self._note_unplanned_change(f"generation {info.generation} started", info.generation)
+        elif self._generation_ended(info.generation, info.state):
+            self._note_unplanned_change(f"generation {info.generation} started",
+                                        _live_from(info.generation, info.state))
 
     def _on_heartbeats_stopped(self, error: Exception) -> None:
         """This node can no longer prove it is alive (the run failed, a bug): training here
@@ -393,8 +403,15 @@ class MembershipSession:
         self.client.stop_heartbeats()
 
     def _recovered_in_place(self) -> None:
-        """A node that stepped aside committed again before anyone went on without it: it
-        heartbeats again (if it was removed meanwhile, its next heartbeat says so)."""
+        """A node that stepped aside commits again: if nobody went on without it yet, it
+        heartbeats again; if it was removed meanwhile, it comes back at its next re-form."""
+        try:
+            self.client.heartbeat()
+        except NodeRemovedError:
+            self._stepped_aside.clear()  # the re-form takes it back and heartbeats again
+            return
+        except RendezvousError:
+            return  # asked again at the next commit
         logger.warning("%s and recovered %.1f s later, still a member; heartbeats again",
                        self._removed_reason, time.monotonic() - self._removed_at)
         self._removed_reason = ""
@@ -414,15 +431,22 @@ class MembershipSession:
                     self._failure_reason = update.reason
                     self._note_unplanned_change(f"run failed: {update.reason}", None)
                     return
-                if self.membership is not None and not self.standby \
-                        and update.membership.generation > self.membership.generation:
+                if self._generation_ended(update.membership.generation, update.state):
                     self._note_unplanned_change(update.reason or "membership changed",
-                                                update.membership.generation)
+                                                _live_from(update.membership.generation,
+                                                           update.state))
         except Exception as e:  # noqa: BLE001 - the heartbeat thread still watches
             logger.warning("membership watch ended: %s", e)
 
+    def _generation_ended(self, generation: int, state: Phase) -> bool:
+        """Whether the orchestrator ended this member's generation: a newer one started, or the
+        run fell below min_nodes (FORMING), which leaves the number as it was."""
+        if self.membership is None or self.standby:
+            return False
+        return generation > self.membership.generation or state == Phase.FORMING
+
     def _note_unplanned_change(self, reason: str, generation: int | None) -> None:
-        """The orchestrator moved on to `generation` (None: the run failed).
+        """The orchestrator ended every generation below `generation` (None: the run failed).
 
         While this node re-forms it votes for nothing more (it is joining the
         newest generation already), but the listeners still hear it: a member
@@ -436,3 +460,9 @@ class MembershipSession:
     def _tell_peers_lost(self, reason: str, generation: int | None) -> None:
         for listener in self._peers_lost_listeners:
             listener(reason, generation)
+
+
+def _live_from(generation: int, state: Phase) -> int:
+    """The first generation that has not ended: below min_nodes (FORMING) the orchestrator keeps
+    the number of the generation it ended."""
+    return generation + 1 if state == Phase.FORMING else generation

@@ -98,7 +98,8 @@ def test_a_node_removed_while_it_trains_fails_loudly_instead_of_hanging(caplog):
             with Client(server.endpoint, "job") as other:
                 other.report_death(session.node_id, "frozen past the heartbeat timeout")
             deadline = time.monotonic() + 20
-            while not lost and time.monotonic() < deadline:
+            while (not any("heartbeats stopped" in reason for reason in lost)
+                   and time.monotonic() < deadline):
                 time.sleep(0.05)
             with pytest.raises(ElasticJobFailed, match="lost its place in the job"):
                 session.check_job_alive()
@@ -129,7 +130,8 @@ def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(capl
                 while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
                     time.sleep(0.05)
             session._resume_heartbeats()  # it resumes: its next heartbeat finds it removed
-            while not lost and time.monotonic() < deadline:
+            while (not any("this node was removed" in reason for reason in lost)
+                   and time.monotonic() < deadline):
                 time.sleep(0.05)
             assert any("this node was removed" in reason for reason in lost)
             session.check_job_alive()  # not a failure of the job
@@ -198,3 +200,38 @@ def test_a_stuck_node_that_recovers_before_its_removal_stays_and_heartbeats_agai
         finally:
             session.close()
             session.client.close()  # ends its watch stream, which would hold the server open
+
+
+@pytest.mark.parametrize("generation, state, ended", [
+    (7, Phase.ACTIVE, False), (8, Phase.ACTIVE, True),
+    (7, Phase.FORMING, True),  # below min_nodes: the number stays, the generation is over
+])
+def test_a_member_notices_the_end_of_its_generation(generation, state, ended):
+    session = _member_of_generation_7()
+    lost = []
+    session.on_peers_lost(lambda reason, live_from: lost.append(live_from))
+    session._on_heartbeat(HeartbeatInfo(generation, state, 0, 0, True, 0))
+    # Collectives of generation 7 are aborted, never those of the next one, numbered 8.
+    assert session.wants_reform() == ended and lost == ([8] if ended else [])
+
+
+def test_a_removed_node_whose_address_is_blocked_waits_the_block_out_to_come_back(caplog):
+    settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2, blocklist_after=1,
+                           blocklist_cooldown=1.0)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server:
+        session, lost = _watching_session(server.endpoint, 2)
+        try:
+            session.client.stop_heartbeats()
+            deadline = time.monotonic() + 20
+            with Client(server.endpoint, "job") as probe:
+                while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            session._resume_heartbeats()
+            while not session._removed_reason and time.monotonic() < deadline:
+                time.sleep(0.05)
+            session.reform()  # blocked for 1 s first
+            assert "it waits to come back: address 127.0.0.1:20001" in caplog.text
+            assert "and rejoined at generation" in caplog.text
+        finally:
+            session.close()
+            session.client.close()
