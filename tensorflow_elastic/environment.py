@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 # ---- a worker's place in the job (set by the agent for every worker)
-ENDPOINT = "TFE_RDZV_ENDPOINT"          # the orchestrator, HOST:PORT
+ENDPOINT = "TFE_RDZV_ENDPOINT"          # the orchestrator, HOST:PORT[,HOST:PORT...] (replicas)
 RUN_ID = "TFE_RUN_ID"                   # the job's name at the orchestrator
 TOKEN = "TFE_RDZV_TOKEN"                # the orchestrator's shared secret
 TLS_CA = "TFE_RDZV_TLS_CA"              # PEM certificate to trust when the orchestrator uses TLS
@@ -29,6 +29,9 @@ ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exce
 EVENTS_FILE = "TFE_EVENTS_FILE"         # the shared JSON-lines record of what happened
 STEP_EVENTS_EVERY = "TFE_STEP_EVENTS_EVERY"
 PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"
+# Seconds a worker keeps calling an orchestrator that does not answer (restarting, failing
+# over to another replica) before a re-form gives up; a finished training returns anyway.
+ORCHESTRATOR_WAIT = "TFE_ORCHESTRATOR_WAIT"
 
 # ---- parameter-server mode
 PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"

@@ -24,7 +24,8 @@ from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, GenerationChangedError,
-                                                  RendezvousError, RunFailedError)
+                                                  OrchestratorUnreachableError, RendezvousError,
+                                                  RunFailedError)
 from tensorflow_elastic.rendezvous.types import Membership, Phase
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_JOIN_TIMEOUT_S = 600.0
 DEFAULT_BARRIER_TIMEOUT_S = 120.0
 DEFAULT_PROGRESS_TIMEOUT_S = 600.0
+# How long a worker waits for an orchestrator that does not answer (environment.ORCHESTRATOR_WAIT).
+DEFAULT_ORCHESTRATOR_WAIT_S = 60.0
 HEARTBEAT_INTERVAL_S = 0.5
 
 PeersLostListener = Callable[[str], None]
@@ -155,6 +158,8 @@ class MembershipSession:
                 except GenerationChangedError:
                     logger.info("generation %d ended while forming; joining the next one",
                                 self.generation)
+        except OrchestratorUnreachableError as e:
+            raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
         finally:
             self._reforming.clear()
 
@@ -229,22 +234,33 @@ class MembershipSession:
                 self.client.report_failure(peers, reason=reason)
             except GenerationChangedError:
                 pass  # another member's report already started the next generation
+            except OrchestratorUnreachableError as e:
+                raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
 
     def finish(self, step: int) -> None:
         """The exit barrier (every member has returned from training at `step`), then a clean leave.
 
         Leaving at once keeps the orchestrator from taking finished members for
-        failed ones when their heartbeats stop.
+        failed ones when their heartbeats stop. Training is over either way: when
+        the orchestrator cannot be reached, it returns with a warning, so that the
+        code after training (saving the model) runs.
         """
         self._reforming.set()
+        reachable = True
         try:
             self.client.barrier(f"exit-{self.generation}", timeout=DEFAULT_BARRIER_TIMEOUT_S)
         except GenerationChangedError:
             # A member was lost after training: every step is done, nobody pulls buffers now.
             logger.info("generation %d ended at the exit barrier", self.generation)
+        except OrchestratorUnreachableError as e:
+            reachable = False
+            logger.warning("training finished at step %d, but %s; returning without the exit "
+                           "barrier and the leave", step, e.message)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
         self.close()  # first: a heartbeat after the leave would find the node gone
+        if not reachable:
+            return
         try:
             self.client.leave("job complete")
         except RendezvousError as e:
@@ -306,3 +322,9 @@ class MembershipSession:
     def _tell_peers_lost(self, reason: str) -> None:
         for listener in self._peers_lost_listeners:
             listener(reason)
+
+
+def _orchestrator_lost(needed_for: str, error: OrchestratorUnreachableError) -> str:
+    return (f"this worker needs the orchestrator to {needed_for}, but {error.message}. Raise "
+            f"{environment.ORCHESTRATOR_WAIT} (seconds, default {DEFAULT_ORCHESTRATOR_WAIT_S:g}) "
+            f"to wait longer, or run replicas (tfelastic-orchestrator --store etcd://...)")
