@@ -151,7 +151,11 @@ class FileStore(MembershipStore):
 def _read_snapshot(path: str) -> Snapshot:
     """The snapshot in a file; ValueError unless it is a JSON object naming its run."""
     with open(path, "rb") as f:
-        snapshot = json.loads(f.read())
+        return check_snapshot(json.loads(f.read()))
+
+
+def check_snapshot(snapshot: object) -> Snapshot:
+    """``snapshot`` if it is a JSON object naming its run; ValueError otherwise."""
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("run_id"), str):
         raise ValueError("not a JSON object with a run_id")
     return snapshot
