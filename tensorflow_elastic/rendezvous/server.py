@@ -227,11 +227,11 @@ class Orchestrator:
                         self._record_elected(election.identity, previous, lost, service)
                 elif not election.leading and service is not None:
                     gate.handler = None
+                    lost = election.lost_cause
+                    self._events.record(ev.LEADER_LOST, replica=election.identity, cause=lost)
                     await self._stop_server(server, grace=0)
                     await service.close()
                     service = None
-                    lost = election.lost_cause
-                    self._events.record(ev.LEADER_LOST, replica=election.identity, cause=lost)
                     server = await self._start_server(gate)
         finally:
             stopping.cancel()

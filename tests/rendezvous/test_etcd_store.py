@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -131,3 +132,72 @@ def test_a_leader_cut_off_from_etcd_stops_before_its_lease_can_end(etcd_server, 
         etcd_server.signal(signal.SIGCONT)
     wait_until(lambda: election.leading, timeout=15, what="the lead again once etcd answers")
     election.stop()
+
+
+class _BlackholeProxy:
+    """A TCP proxy to etcd that the test can cut: then it forwards nothing and closes nothing,
+    like a network partition (no reset reaches either side)."""
+
+    def __init__(self, target_port: int):
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.cut = threading.Event()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if not self.cut.is_set():
+                    sink.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._listener.close()
+        for s in self._sockets:
+            s.close()
+
+
+def test_a_replica_partitioned_from_etcd_stops_leading_before_another_starts(etcd_server,
+                                                                            client):
+    proxy = _BlackholeProxy(etcd_server.port)
+    cut_off_client = etcd.EtcdClient((proxy.endpoint,), timeout=1.0)
+    leader, _ = _elect(cut_off_client, "replica-1", ttl=1)
+    wait_until(lambda: leader.leading, timeout=10, what="the first replica to lead")
+    standby, _ = _elect(client, "replica-2", ttl=1)
+    wait_until(lambda: standby.leader == "replica-1", timeout=10, what="the standby")
+    times: dict[str, float] = {}
+
+    def watch() -> None:
+        while len(times) < 2:
+            now = time.monotonic()
+            if not leader.leading:
+                times.setdefault("leader stopped", now)
+            if standby.leading:
+                times.setdefault("standby started", now)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    proxy.cut.set()
+    watcher.join(timeout=15)
+    try:
+        assert times["leader stopped"] < times["standby started"], times
+    finally:
+        standby.stop()
+        proxy.close()
+        leader.stop()
+        cut_off_client.close()
