@@ -8,10 +8,10 @@ restarted with its state directory, or swamped at start-up, is invisible to
 members beyond a pause. The endpoint may list replicas (``h1:p1,h2:p2``): a
 call goes to the one that leads (a standby names it), and to the next one
 when the current one does not answer, so a failover is a pause too; watch
-streams subscribe again at the new leader. Every call may be sent twice: joins carry a nonce and members their
-permanent id, so retries never create a second node; a barrier or exchange is
-named by generation and name; a repeated leave or failure report changes
-nothing more.
+streams subscribe again at the new leader. Every call may be sent twice:
+joins carry a nonce and members their permanent id, so retries never create a
+second node; a barrier or exchange is named by generation and name; a repeated
+leave or failure report changes nothing more.
 Errors come back as the :mod:`~tensorflow_elastic.rendezvous.errors` classes.
 """
 

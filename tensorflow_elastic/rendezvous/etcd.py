@@ -39,7 +39,8 @@ class EtcdUrl:
 def parse_url(url: str) -> EtcdUrl:
     """``etcd://h1:p1,h2:p2/prefix`` -> its members and key prefix; ValueError when malformed."""
     if not url.startswith(SCHEME):
-        raise ValueError(f"{url!r} is not an etcd store: give etcd://HOST:PORT[,HOST:PORT][/PREFIX]")
+        raise ValueError(f"{url!r} is not an etcd store: give "
+                         f"etcd://HOST:PORT[,HOST:PORT][/PREFIX]")
     rest = url[len(SCHEME):]
     members, _, path = rest.partition("/")
     endpoints = tuple(m.strip() for m in members.split(",") if m.strip())

@@ -209,7 +209,6 @@ class Orchestrator:
                             on_change=lambda: loop.call_soon_threadsafe(changed.set))
         gate.election = election
         service: RendezvousService | None = None
-        lost = ""
         election.start()
         self._announce_ready()
         stopping = loop.create_task(self._stopping.wait())
@@ -224,11 +223,11 @@ class Orchestrator:
                     service = await self._lead(client, election)
                     if service is not None:
                         gate.handler = service.handler()
-                        self._record_elected(election.identity, previous, lost, service)
+                        self._record_elected(election.identity, previous, service)
                 elif not election.leading and service is not None:
                     gate.handler = None
-                    lost = election.lost_cause
-                    self._events.record(ev.LEADER_LOST, replica=election.identity, cause=lost)
+                    self._events.record(ev.LEADER_LOST, replica=election.identity,
+                                        cause=election.lost_cause)
                     await self._stop_server(server, grace=0)
                     await service.close()
                     service = None
@@ -253,7 +252,7 @@ class Orchestrator:
             return None
         return service
 
-    def _record_elected(self, identity: str, previous: str | None, lost: str,
+    def _record_elected(self, identity: str, previous: str | None,
                         service: RendezvousService) -> None:
         fields = {"replica": identity, "runs": service.run_count}
         if previous:
@@ -283,7 +282,8 @@ class _LeaderGate(grpc.GenericRpcHandler):
         election = self.election
         leader = "" if election is None or election.leader == election.identity \
             else election.leader
-        where = f"the leader is {leader}" if leader else "no replica leads right now (an election is under way)"
+        where = (f"the leader is {leader}" if leader
+                 else "no replica leads right now (an election is under way)")
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             f"this orchestrator replica stands by; {where}: retry there",
                             trailing_metadata=((rpc.REASON_METADATA_KEY, NOT_LEADER),
