@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tensorflow_elastic.rendezvous import etcd
+from tensorflow_elastic.rendezvous import cli, etcd
 from tensorflow_elastic.rendezvous.errors import NotLeaderError
 from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
@@ -201,3 +201,14 @@ def test_a_replica_partitioned_from_etcd_stops_leading_before_another_starts(etc
         proxy.close()
         leader.stop()
         cut_off_client.close()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--store", "etcd://x"], "is not HOST:PORT"),
+    (["--store", "etcd://h:1", "--state_dir", "d"], "exclude each other"),
+    (["--store", "etcd://h:1", "--leader_ttl", "0"], "--leader_ttl"),
+])
+def test_bad_store_flags_are_refused(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--port", "0", *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
