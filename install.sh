@@ -68,6 +68,14 @@ sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Pyth
   apt_install "$PYTHON_DEV"
 fi
 
+step "etcd (orchestrator replicas: --store etcd://; their tests and benchmarks)"
+if command -v etcd >/dev/null; then
+  echo "using $(etcd --version 2>/dev/null | head -n 1)"
+else
+  echo "installing Debian's etcd-server"
+  apt_install etcd-server
+fi
+
 step "Bazel"
 BAZEL=""
 if command -v bazelisk >/dev/null && bazelisk version >/dev/null 2>&1; then

@@ -19,9 +19,15 @@ once, opens a Watch stream and heartbeats once a second. Measured:
   on this script's monotonic clock, so the figure cannot be negative; it
   includes a pipe message or two (well under a millisecond) on top.
 
+With ``--store etcd`` the same figures come for one orchestrator with a
+state directory and for two replicas on a local etcd (the leader measured),
+and ``failover_s``: the etcd leader killed -9, to the first call that
+succeeds through the new leader.
+
 The last line printed is the JSON result.
 
     python benchmarks/orchestrator_scale.py --nodes 1000
+    python benchmarks/orchestrator_scale.py --nodes 1000 --store etcd
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,12 +165,13 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
-def _start_orchestrator(heartbeat_timeout: float) -> tuple[subprocess.Popen, str]:
+def _start_orchestrator(heartbeat_timeout: float, *flags: str) -> tuple[subprocess.Popen, str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.Popen(
         [sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host", "127.0.0.1",
-         "--port", "0", "--heartbeat_timeout", str(heartbeat_timeout), "--last_call", "600"],
+         "--port", "0", "--heartbeat_timeout", str(heartbeat_timeout), "--last_call", "600",
+         *flags],
         stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -192,15 +200,80 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", metavar="HOST:PORT",
                         help="use this running orchestrator (started with --heartbeat_timeout "
                              "as given here and a long --last_call) instead of starting one")
+    parser.add_argument("--store", choices=("memory", "etcd"), default="memory",
+                        help="etcd: also measure two replicas on a local etcd (the `etcd` "
+                             "command), next to one orchestrator with --state_dir, and the "
+                             "failover after the leader's kill -9 (default: memory only)")
+    parser.add_argument("--leader_ttl", type=int, default=1,
+                        help="--store etcd: the replicas' --leader_ttl (default: %(default)s)")
     args = parser.parse_args(argv)
-    processes = args.processes or min(4, max(1, args.nodes // 250))
     # On SIGTERM, unwind through the finally below so that no child outlives us.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-
     if args.endpoint:
-        server, endpoint = None, args.endpoint
+        result = _scale(args, args.endpoint)
+    elif args.store == "etcd":
+        result = _compare_stores(args)
     else:
         server, endpoint = _start_orchestrator(args.heartbeat_timeout)
+        try:
+            result = _scale(args, endpoint, server)
+        finally:
+            _end(server)
+    print(json.dumps(result))
+    return 0
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=30)
+
+
+def _compare_stores(args: argparse.Namespace) -> dict:
+    """The file store (one orchestrator, --state_dir) and etcd (two replicas) in one run, then
+    the etcd leader killed -9: failover = from the kill to the first call that succeeds
+    through the new leader (a client given both replicas, as workers are)."""
+    sys.path.insert(0, REPO_ROOT)
+    from tensorflow_elastic.rendezvous import Client
+    from tests.etcd_server import EtcdServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server, endpoint = _start_orchestrator(args.heartbeat_timeout, "--state_dir",
+                                               os.path.join(tmp, "state"))
+        try:
+            file_result = _scale(args, endpoint, server)
+        finally:
+            _end(server)
+        etcd = EtcdServer(os.path.join(tmp, "etcd")).start()
+        replicas = []
+        try:
+            flags = ("--store", etcd.url, "--leader_ttl", str(args.leader_ttl))
+            replicas.append(_start_orchestrator(args.heartbeat_timeout, *flags))
+            time.sleep(1.0)  # the first one takes the lead
+            replicas.append(_start_orchestrator(args.heartbeat_timeout, *flags))
+            etcd_result = _scale(args, replicas[0][1], replicas[0][0])
+            endpoints = ",".join(e for _, e in replicas)
+            with Client(endpoints, RUN_ID, retry_timeout=60) as client:
+                client.status()
+                killed_at = time.monotonic()
+                replicas[0][0].kill()
+                client.status()
+                etcd_result["failover_s"] = round(time.monotonic() - killed_at, 4)
+                etcd_result["new_leader"] = client.current_endpoint
+        finally:
+            for proc, _ in replicas:
+                _end(proc)
+            etcd.stop()
+    print(f"file store: {json.dumps(file_result)}", flush=True)
+    print(f"etcd store: {json.dumps(etcd_result)}", flush=True)
+    return {"nodes": args.nodes, "file": file_result, "etcd": etcd_result}
+
+
+def _scale(args: argparse.Namespace, endpoint: str,
+           server: subprocess.Popen | None = None) -> dict:
+    """Joins, steady heartbeats and a re-form after one node's death, against ``endpoint``
+    (``server``: its process, whose CPU use is measured)."""
+    processes = args.processes or min(4, max(1, args.nodes // 250))
     ctx = mp.get_context("spawn")
     conns, workers = [], []
     try:
@@ -258,17 +331,11 @@ def main(argv: list[str] | None = None) -> int:
         for w in workers:
             if w.is_alive():
                 w.kill()
-        if server is not None:
-            server.kill()
-            server.wait(timeout=30)
-
-    print(json.dumps({"nodes": args.nodes, "rendezvous_s": round(rendezvous_s, 4),
-                      "heartbeat_p50_ms": round(_percentile(latencies, 50), 3),
-                      "heartbeat_p99_ms": round(_percentile(latencies, 99), 3),
-                      "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
-                      "reform_after_kill_s": round(reform_s, 4),
-                      "detected_by": detected_by}))
-    return 0
+    return {"nodes": args.nodes, "rendezvous_s": round(rendezvous_s, 4),
+            "heartbeat_p50_ms": round(_percentile(latencies, 50), 3),
+            "heartbeat_p99_ms": round(_percentile(latencies, 99), 3),
+            "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
+            "reform_after_kill_s": round(reform_s, 4), "detected_by": detected_by}
 
 
 if __name__ == "__main__":

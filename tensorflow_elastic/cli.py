@@ -34,8 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints, for each run the orchestrator serves (or only --run_id), its "
                     "state, generation, members and waiting nodes with the seconds since each "
                     "was last heard from, blocked addresses and the latest history.")
-    status.add_argument("--rdzv_endpoint", metavar="HOST:PORT",
-                        help="the orchestrator's address (optional with --events_file)")
+    status.add_argument("--rdzv_endpoint", metavar="HOST:PORT[,HOST:PORT]",
+                        help="the orchestrator's address, or every replica's (the one that "
+                        "leads answers; optional with --events_file)")
     status.add_argument("--run_id", help="show only this run")
     status.add_argument("--token_file", help="file holding the orchestrator's shared token "
                         f"(default: ${environment.TOKEN} if set)")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 # ---- a worker's place in the job (set by the agent for every worker)
-ENDPOINT = "TFE_RDZV_ENDPOINT"          # the orchestrator, HOST:PORT
+ENDPOINT = "TFE_RDZV_ENDPOINT"          # the orchestrator, HOST:PORT[,HOST:PORT...] (replicas)
 RUN_ID = "TFE_RUN_ID"                   # the job's name at the orchestrator
 TOKEN = "TFE_RDZV_TOKEN"                # the orchestrator's shared secret
 TLS_CA = "TFE_RDZV_TLS_CA"              # PEM certificate to trust when the orchestrator uses TLS
@@ -31,6 +31,9 @@ STEP_EVENTS_EVERY = "TFE_STEP_EVENTS_EVERY"
 PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"   # seconds without a commit before the watchdog acts
 BARRIER_TIMEOUT = "TFE_BARRIER_TIMEOUT"     # seconds members wait for each other at a barrier
 HEARTBEAT_INTERVAL = "TFE_HEARTBEAT_INTERVAL"  # seconds between two heartbeats of a node
+# Seconds a worker keeps calling an orchestrator that does not answer (restarting, failing
+# over to another replica) before a re-form gives up; a finished training returns anyway.
+ORCHESTRATOR_WAIT = "TFE_ORCHESTRATOR_WAIT"
 
 # ---- parameter-server mode
 PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"

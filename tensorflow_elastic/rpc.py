@@ -80,16 +80,19 @@ def reason_of(e: grpc.RpcError) -> str | None:
 
 def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCode],
                     give_up_at: float, max_backoff: float,
-                    retry_reasons: Collection[str] = ()) -> T:
+                    retry_reasons: Collection[str] = (), patience: float | None = None) -> T:
     """``attempt()``, again while it fails with a code in ``retry_on`` (or a reason in
     ``retry_reasons``, e.g. a server asking to come back later) and the next try can start by
-    ``give_up_at`` (monotonic). Raises the ``grpc.RpcError`` of the last attempt.
+    ``give_up_at`` (monotonic) and, with ``patience``, within ``patience`` seconds of the first
+    failure (a call that waited long on the server still gets a full ``patience`` when the
+    server then vanishes). Raises the ``grpc.RpcError`` of the last attempt.
 
     Each pause is drawn at random up to a bound that doubles from :data:`FIRST_BACKOFF_S` to
     ``max_backoff`` ("full jitter"): clients that a server shed at the same moment come back
     spread out instead of shedding each other again.
     """
     bound = FIRST_BACKOFF_S
+    failing = False
     while True:
         try:
             return attempt()
@@ -97,6 +100,9 @@ def call_with_retry(attempt: Callable[[], T], retry_on: Collection[grpc.StatusCo
             pause = random.uniform(0.0, bound)
             retryable = (e.code() in retry_on
                          or bool(retry_reasons) and reason_of(e) in retry_reasons)
+            if patience is not None and not failing:
+                give_up_at = min(give_up_at, time.monotonic() + patience)
+            failing = True
             if not retryable or time.monotonic() + pause > give_up_at:
                 raise
         time.sleep(pause)

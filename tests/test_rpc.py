@@ -94,6 +94,24 @@ def test_retrying_stops_when_the_next_try_would_start_after_the_deadline(sleeps,
     assert sleeps == [0.05, 0.1, 0.2] and attempt.count == 4
 
 
+def test_patience_counts_from_the_first_failure(sleeps, longest_pauses, monkeypatch):
+    """A call that waited long before its first failure still gets its full patience."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(rpc, "time", types.SimpleNamespace(
+        monotonic=lambda: clock["now"],
+        sleep=lambda s: (sleeps.append(s), clock.__setitem__("now", clock["now"] + s))))
+    unavailable = grpc.StatusCode.UNAVAILABLE
+
+    def attempt():
+        clock["now"] += 50.0 if not sleeps else 0.0  # the first attempt waits on the server
+        raise _Failure(unavailable)
+
+    with pytest.raises(grpc.RpcError):
+        rpc.call_with_retry(attempt, (unavailable,), 1000.0 + 600, 0.4, patience=1.0)
+    # Retried for 1 s from the failure at t=1050, although the call began at t=1000.
+    assert sleeps == [0.05, 0.1, 0.2, 0.4] and sum(sleeps) <= 1.0
+
+
 def _serve_one(service: str, method: str, behaviour) -> tuple[grpc.Server, int]:
     """A started in-process server on a free port whose one unary method is ``behaviour``."""
     handler = grpc.method_handlers_generic_handler(service, {

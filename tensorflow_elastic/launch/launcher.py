@@ -26,6 +26,7 @@ from tensorflow_elastic.launch.restart import RestartElasticity
 from tensorflow_elastic.launch.spec import AUTO, RESTART, default_log_dir, parse_nnodes
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
 from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
+from tensorflow_elastic.rendezvous.client import split_endpoints
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
 
 PROG = "tfelastic-run"
@@ -92,9 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standalone", action="store_true",
                    help="embed the orchestrator in this launcher (at --rdzv_endpoint, default: a "
                    "free port on 127.0.0.1); with the script 'start' run only the orchestrator")
-    p.add_argument("--rdzv_endpoint", metavar="HOST:PORT",
-                   help=f"the orchestrator (default: {DEFAULT_ENDPOINT}; with --standalone the "
-                   f"address to serve at)")
+    p.add_argument("--rdzv_endpoint", metavar="HOST:PORT[,HOST:PORT]",
+                   help=f"the orchestrator, or every replica of it (tfelastic-orchestrator "
+                   f"--store etcd://...): calls go to the one that leads (default: "
+                   f"{DEFAULT_ENDPOINT}; with --standalone the address to serve at)")
     p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
                    help="nodes (launchers, usually machines) in the job: N, or MIN:MAX to start "
                    "at MIN and grow to MAX; the job has MIN*N to MAX*N workers with N "
@@ -233,7 +235,13 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
             low, high = parse_nnodes(args.nnodes)
             min_nodes, max_nodes = low * args.nproc_per_node, high * args.nproc_per_node
         if args.rdzv_endpoint:
-            net.parse_address(args.rdzv_endpoint, allow_port_zero=True)
+            replicas = split_endpoints(args.rdzv_endpoint)
+            if args.standalone and len(replicas) > 1:
+                raise ValueError("--standalone serves one orchestrator: give --rdzv_endpoint a "
+                                 "single HOST:PORT (replicas run as tfelastic-orchestrator "
+                                 "--store etcd://...)")
+            for replica in replicas:
+                net.parse_address(replica, allow_port_zero=True)
         if args.address:
             _parse_address(args.address)
     except ValueError as e:
@@ -344,7 +352,7 @@ def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
     elif args.role != COLLECTIVE:
         host, first_port = "127.0.0.1", 0
     else:
-        endpoint_host = net.parse_address(endpoint, allow_port_zero=True)[0]
+        endpoint_host = net.parse_address(split_endpoints(endpoint)[0], allow_port_zero=True)[0]
         host, first_port = net.local_address_towards(endpoint_host), 0
     spec = WorkerSpec(
         entrypoint=args.script, args=args.script_args, rdzv_endpoint=endpoint, run_id=args.run_id,

@@ -26,6 +26,11 @@ GENERATION_START = "generation_start"
 STATE_RESTORED = "state_restored"
 STEP = "step"
 JOB_COMPLETE = "job_complete"
+# Orchestrator replicas (--store etcd://): one took the lead (after another: a failover), one
+# stopped leading.
+LEADER_ELECTED = "leader_elected"
+ORCHESTRATOR_FAILOVER = "orchestrator_failover"
+LEADER_LOST = "leader_lost"
 
 
 class EventLog:

@@ -9,6 +9,8 @@ import threading
 
 from tensorflow_elastic import environment, net
 from tensorflow_elastic.rendezvous import auth
+from tensorflow_elastic.rendezvous.etcd import parse_url
+from tensorflow_elastic.rendezvous.leader import DEFAULT_TTL_S
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
 
@@ -78,6 +80,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="port to listen on; 0 picks a free one (default: %(default)s)")
     p.add_argument("--state_dir", help="directory to keep run state in across restarts "
                    "(default: memory only)")
+    p.add_argument("--store", help="etcd://HOST:PORT[,HOST:PORT][/PREFIX]: keep run state in etcd "
+                   "and run as one of several replicas (one leads, the others stand by and take "
+                   "over when it is lost); give clients every replica: --rdzv_endpoint "
+                   "H1:P1,H2:P2. See docs/ha.md")
+    p.add_argument("--advertise", help="HOST:PORT clients reach this replica at, told to them by "
+                   "the replicas that stand by (default: --host:--port)")
+    p.add_argument("--leader_ttl", type=int, default=DEFAULT_TTL_S,
+                   help="seconds of the leader's etcd lease: a lost leader is replaced within "
+                   "about this long (etcd raises it to its minimum; default: %(default)s)")
     p.add_argument("--token_file", help="file whose first line is the shared token every call "
                    f"must carry (default: ${environment.TOKEN} if set, else no token)")
     p.add_argument("--tls_cert", help="PEM certificate chain; enables TLS (needs --tls_key)")
@@ -106,6 +117,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{flag} must be > 0")
     if args.last_call < 0:
         parser.error("--last_call must be >= 0")
+    if args.store is not None:
+        if args.state_dir is not None:
+            parser.error("--store and --state_dir exclude each other: the state lives in etcd")
+        try:
+            parse_url(args.store)
+        except ValueError as e:
+            parser.error(str(e))
+        if args.leader_ttl < 1:
+            parser.error("--leader_ttl must be a whole number of seconds >= 1")
     try:
         token = auth.load_token(args.token_file)
     except (OSError, ValueError) as e:
@@ -117,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     server = Orchestrator(args.host, args.port, state_dir=args.state_dir, token=token,
                           tls_cert=args.tls_cert, tls_key=args.tls_key,
                           metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                          events_file=args.events_file,
-                          settings=settings)
+                          events_file=args.events_file, settings=settings, store=args.store,
+                          advertise=args.advertise, leader_ttl=args.leader_ttl)
     try:
         server.start()
     except OSError as e:

@@ -3,17 +3,21 @@
 Every call has a deadline. A call that finds the orchestrator unreachable
 (UNAVAILABLE: restarting, network blip) or that it shed under load (CANCELLED,
 RESOURCE_EXHAUSTED) is retried with jittered exponential backoff for up to
-``retry_timeout`` seconds, so an orchestrator killed and restarted with its
-state directory, or swamped at start-up, is invisible to members beyond a
-pause. Every call may be sent twice: joins carry a nonce and members their
-permanent id, so retries never create a second node; a barrier or exchange is
-named by generation and name; a repeated leave or failure report changes
-nothing more.
+``retry_timeout`` seconds of failures in a row, so an orchestrator killed and
+restarted with its state directory, or swamped at start-up, is invisible to
+members beyond a pause. The endpoint may list replicas (``h1:p1,h2:p2``): a
+call goes to the one that leads (a standby names it), and to the next one
+when the current one does not answer, so a failover is a pause too; watch
+streams subscribe again at the new leader. Every call may be sent twice:
+joins carry a nonce and members their permanent id, so retries never create a
+second node; a barrier or exchange is named by generation and name; a repeated
+leave or failure report changes nothing more.
 Errors come back as the :mod:`~tensorflow_elastic.rendezvous.errors` classes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -26,7 +30,8 @@ from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import auth
-from tensorflow_elastic.rendezvous.errors import RendezvousError
+from tensorflow_elastic.rendezvous.errors import (
+    LEADER_METADATA_KEY, NOT_LEADER, OrchestratorUnreachableError, RendezvousError)
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
 
@@ -36,6 +41,8 @@ logger = logging.getLogger(__name__)
 # server's explanation (who is missing) arrives before the transport gives up.
 _DEADLINE_MARGIN_S = 5.0
 _BACKOFF_MAX_S = 2.0
+# With replicas, a call that finds none leading is most likely in a failover: try sooner.
+_FAILOVER_BACKOFF_MAX_S = 0.5
 
 # Watch streams end with these when the orchestrator restarts or sheds streams.
 _RESUBSCRIBE = rpc.UNREACHABLE_OR_SHED
@@ -70,12 +77,13 @@ class Client:
         self.call_timeout = call_timeout
         self.retry_timeout = retry_timeout
         self._metadata = auth.metadata(token)
-        if tls or tls_ca:
-            self._channel = grpc.secure_channel(endpoint, auth.channel_credentials(tls_ca),
-                                                options=_CHANNEL_OPTIONS)
-        else:
-            self._channel = grpc.insecure_channel(endpoint, options=_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.RendezvousStub(self._channel)
+        self._credentials = auth.channel_credentials(tls_ca) if tls or tls_ca else None
+        self._replicas: list[_Replica] = []
+        self._lock = threading.Lock()
+        for address in split_endpoints(endpoint):
+            self._replica(address)
+        # The replica calls go to first: the one that answered last.
+        self._current = 0
         self.node_id: int | None = None
         self.generation = 0
         self._join_args: tuple[str, int, int] | None = None
@@ -85,7 +93,13 @@ class Client:
     def close(self) -> None:
         self._closed = True
         self.stop_heartbeats()
-        self._channel.close()
+        for replica in self._replicas:
+            replica.channel.close()
+
+    @property
+    def current_endpoint(self) -> str:
+        """The replica this client talks to now (the leader, as far as it knows)."""
+        return self._replicas[self._current].address
 
     def __enter__(self) -> "Client":
         return self
@@ -120,7 +134,7 @@ class Client:
                 req.node_id = self.node_id
             return req
 
-        response = self._call(self._stub.Join, request, deadline)
+        response = self._call(lambda stub: stub.Join, request, deadline)
         self.node_id = response.node_id
         self.generation = response.membership.generation
         return membership_from_proto(self.node_id, response.membership)
@@ -134,7 +148,7 @@ class Client:
         """
         self._join_args = (address, min_nodes, max_nodes)
         nonce = uuid.uuid4().hex
-        response = self._call(self._stub.Join, lambda: pb.JoinRequest(
+        response = self._call(lambda stub: stub.Join, lambda: pb.JoinRequest(
             run_id=self.run_id, address=address, min_nodes=min_nodes, max_nodes=max_nodes,
             nonce=nonce, timeout_s=self.call_timeout, register_only=True))
         self.node_id = response.node_id
@@ -142,7 +156,7 @@ class Client:
 
     def heartbeat(self) -> HeartbeatInfo:
         """Renews liveness; says whether nodes wait to join or members were removed."""
-        r = self._call(self._stub.Heartbeat, lambda: pb.HeartbeatRequest(
+        r = self._call(lambda stub: stub.Heartbeat, lambda: pb.HeartbeatRequest(
             run_id=self.run_id, node_id=self._id(), generation=self.generation))
         return HeartbeatInfo(r.generation, Phase(pb.RunState.Name(r.state)), r.waiting, r.removed,
                              r.member, r.queued)
@@ -157,7 +171,7 @@ class Client:
         # A watch starts with the current state, so subscribing again loses nothing.
         while not self._closed:
             try:
-                stream = self._call(lambda req, **kw: _first(self._stub.Watch(req, **kw)),
+                stream = self._call(lambda stub: lambda req, **kw: _first(stub.Watch(req, **kw)),
                                     lambda: request, timeout=None)
             except RendezvousError as e:
                 if self._closed or e.code == grpc.StatusCode.CANCELLED:
@@ -179,27 +193,27 @@ class Client:
 
     def report_failure(self, peers: list[int], reason: str = "") -> tuple[list[int], list[int]]:
         """Reports unreachable peers; returns (confirmed failed and removed, still alive)."""
-        r = self._call(self._stub.ReportFailure, lambda: pb.ReportFailureRequest(
+        r = self._call(lambda stub: stub.ReportFailure, lambda: pb.ReportFailureRequest(
             run_id=self.run_id, node_id=self._id(), generation=self.generation,
             peers=peers, reason=reason), timeout=self.call_timeout + 2 * len(peers))
         return list(r.confirmed), list(r.alive)
 
     def report_death(self, node_id: int, reason: str = "") -> None:
         """Tells the orchestrator that node ``node_id``'s process has died (its agent saw it)."""
-        self._call(self._stub.ReportFailure, lambda: pb.ReportFailureRequest(
+        self._call(lambda stub: stub.ReportFailure, lambda: pb.ReportFailureRequest(
             run_id=self.run_id, node_id=node_id, peers=[node_id], reason=reason))
 
     def barrier(self, name: str, timeout: float = 60.0) -> None:
         """Returns once every member of this node's generation has entered ``name``."""
         deadline = time.monotonic() + timeout
-        self._call(self._stub.Barrier, lambda: pb.BarrierRequest(
+        self._call(lambda stub: stub.Barrier, lambda: pb.BarrierRequest(
             run_id=self.run_id, node_id=self._id(), generation=self.generation, name=name,
             timeout_s=_remaining(deadline)), deadline)
 
     def synchronize(self, key: str, value: bytes, timeout: float = 60.0) -> dict[int, bytes]:
         """Puts this node's ``value`` under ``key``; returns every member's value by node id."""
         deadline = time.monotonic() + timeout
-        r = self._call(self._stub.Synchronize, lambda: pb.SynchronizeRequest(
+        r = self._call(lambda stub: stub.Synchronize, lambda: pb.SynchronizeRequest(
             run_id=self.run_id, node_id=self._id(), generation=self.generation, key=key,
             value=value, timeout_s=_remaining(deadline)), deadline)
         return dict(r.values)
@@ -207,12 +221,12 @@ class Client:
     def leave(self, reason: str = "") -> None:
         """Leaves the run for good (e.g. on a preemption notice)."""
         self.stop_heartbeats()
-        self._call(self._stub.Leave, lambda: pb.LeaveRequest(
+        self._call(lambda stub: stub.Leave, lambda: pb.LeaveRequest(
             run_id=self.run_id, node_id=self._id(), reason=reason))
 
     def status(self, all_runs: bool = False) -> list[RunStatus]:
         """This run's status (or every run's) with members, waiting nodes and history."""
-        r = self._call(self._stub.Status, lambda: pb.StatusRequest(
+        r = self._call(lambda stub: stub.Status, lambda: pb.StatusRequest(
             run_id="" if all_runs else self.run_id))
         return [_run_status(s) for s in r.runs]
 
@@ -246,12 +260,16 @@ class Client:
             raise RendezvousError("this client has not joined yet; call join() first")
         return self.node_id
 
-    def _call(self, method: Callable[..., Any], request: Callable[[], Any],
-              deadline: float | None = None, timeout: float | None = -1.0) -> Any:
-        """Calls ``method``, retrying while the orchestrator is unreachable or sheds the call.
+    def _call(self, method: Callable[[pb_grpc.RendezvousStub], Callable[..., Any]],
+              request: Callable[[], Any], deadline: float | None = None,
+              timeout: float | None = -1.0) -> Any:
+        """Calls ``method(stub)`` of the replica that leads, retrying while no replica answers
+        or one sheds the call, for up to ``retry_timeout`` seconds of failures in a row.
 
         ``deadline`` (monotonic) bounds server-side waits; otherwise each attempt
         gets ``timeout`` (default: call_timeout; None: no deadline, for streams).
+        A replica that stands by names the leader, and the next attempt goes there;
+        an unreachable one sends the next attempt to the next replica of the list.
         """
         give_up = time.monotonic() + self.retry_timeout
         if deadline is not None:
@@ -262,12 +280,67 @@ class Client:
                 attempt_timeout = _remaining(deadline) + _DEADLINE_MARGIN_S
             else:
                 attempt_timeout = self.call_timeout if timeout == -1.0 else timeout
-            return method(request(), timeout=attempt_timeout, metadata=self._metadata)
+            index = self._current
+            try:
+                return method(self._replicas[index].stub)(
+                    request(), timeout=attempt_timeout, metadata=self._metadata)
+            except grpc.RpcError as e:
+                self._move_on(index, e)
+                raise
 
         try:
-            return rpc.call_with_retry(attempt, rpc.UNREACHABLE_OR_SHED, give_up, _BACKOFF_MAX_S)
+            return rpc.call_with_retry(
+                attempt, rpc.UNREACHABLE_OR_SHED, give_up,
+                _FAILOVER_BACKOFF_MAX_S if len(self._replicas) > 1 else _BACKOFF_MAX_S,
+                patience=self.retry_timeout)
         except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE and rpc.reason_of(e) in (None, NOT_LEADER):
+                raise OrchestratorUnreachableError(
+                    f"no orchestrator at {self.endpoint} led the run for {self.retry_timeout:g} "
+                    f"s ({e.details()}); start it again (its --state_dir or --store keeps the "
+                    f"run) or check --rdzv_endpoint") from None
             raise rpc.rebuild_error(e, RendezvousError) from None
+
+    def _move_on(self, index: int, e: grpc.RpcError) -> None:
+        """After a failed call to replica ``index``: on to the leader it named, or to the next
+        replica when it did not answer."""
+        with self._lock:
+            if self._current != index:
+                return  # another thread moved already
+            if rpc.reason_of(e) == NOT_LEADER:
+                leader = dict(e.trailing_metadata() or ()).get(LEADER_METADATA_KEY, "")
+                if leader:
+                    self._current = self._replica(leader)
+                    return
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                self._current = (index + 1) % len(self._replicas)
+
+    def _replica(self, address: str) -> int:
+        """The index of the replica at ``address``; a leader no one listed is added."""
+        for index, replica in enumerate(self._replicas):
+            if replica.address == address:
+                return index
+        if self._credentials is not None:
+            channel = grpc.secure_channel(address, self._credentials, options=_CHANNEL_OPTIONS)
+        else:
+            channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._replicas.append(_Replica(address, channel, pb_grpc.RendezvousStub(channel)))
+        return len(self._replicas) - 1
+
+
+@dataclasses.dataclass
+class _Replica:
+    address: str
+    channel: grpc.Channel
+    stub: pb_grpc.RendezvousStub
+
+
+def split_endpoints(endpoint: str) -> list[str]:
+    """``h1:p1,h2:p2`` -> its replicas' addresses; ValueError for an empty list."""
+    addresses = [a.strip() for a in endpoint.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError(f"no orchestrator address in {endpoint!r}; give HOST:PORT[,HOST:PORT]")
+    return addresses
 
 
 class _Heartbeats:

@@ -25,6 +25,10 @@ RUN_FAILED = "run_failed"
 TIMEOUT = "timeout"
 BLOCKLISTED = "blocklisted"
 LIMIT_REACHED = "limit_reached"
+NOT_LEADER = "not_leader"
+UNREACHABLE = "unreachable"
+# Trailing metadata of a NOT_LEADER refusal: HOST:PORT of the replica that leads ("" unknown).
+LEADER_METADATA_KEY = "tfe-leader"
 
 
 class RendezvousError(ServiceError):
@@ -92,6 +96,21 @@ class LimitReachedError(RendezvousError):
     default_reason = LIMIT_REACHED
 
 
+class NotLeaderError(RendezvousError):
+    """This orchestrator replica stands by; the client goes to the leading one. Retried."""
+
+    default_code = grpc.StatusCode.UNAVAILABLE
+    default_reason = NOT_LEADER
+
+
+class OrchestratorUnreachableError(RendezvousError):
+    """No orchestrator replica answered for the client's whole retry time (raised by the
+    client, never sent)."""
+
+    default_code = grpc.StatusCode.UNAVAILABLE
+    default_reason = UNREACHABLE
+
+
 _BY_REASON: dict[str, type[RendezvousError]] = {
     STALE_GENERATION: GenerationChangedError,
     NODE_REMOVED: NodeRemovedError,
@@ -100,4 +119,5 @@ _BY_REASON: dict[str, type[RendezvousError]] = {
     TIMEOUT: RendezvousTimeoutError,
     BLOCKLISTED: BlocklistedError,
     LIMIT_REACHED: LimitReachedError,
+    NOT_LEADER: NotLeaderError,
 }

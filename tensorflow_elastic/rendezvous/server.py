@@ -15,9 +15,13 @@ import threading
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tensorflow_elastic import net
+from tensorflow_elastic import net, rpc
+from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.observability.events import EventLog
-from tensorflow_elastic.rendezvous import auth
+from tensorflow_elastic.rendezvous import auth, etcd
+from tensorflow_elastic.rendezvous.errors import LEADER_METADATA_KEY, NOT_LEADER, NotLeaderError
+from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
+from tensorflow_elastic.rendezvous.leader import DEFAULT_TTL_S, Election
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.service import RendezvousService
 from tensorflow_elastic.rendezvous.settings import RunSettings
@@ -41,15 +45,26 @@ class Orchestrator:
     """An orchestrator serving in the background of this process.
 
     ``port`` 0 picks a free port; read :attr:`port` after :meth:`start`.
-    Without ``state_dir`` the state lives in memory only.
+    Without ``state_dir`` the state lives in memory only. With ``store``
+    (``etcd://HOST:PORT[,HOST:PORT][/PREFIX]``) it is one of several replicas:
+    it leads while it holds the etcd leader key (``leader_ttl`` seconds of lease)
+    and stands by otherwise, refusing calls with ``not_leader`` and the leader's
+    address (``advertise``, default HOST:PORT) so that clients go there.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, state_dir: str | None = None,
                  token: str | None = None, tls_cert: str | None = None,
                  tls_key: str | None = None, metrics_port: int | None = None,
-                 metrics_host: str = "127.0.0.1", events_file: str | None = None, settings: RunSettings | None = None):
+                 metrics_host: str = "127.0.0.1", events_file: str | None = None,
+                 settings: RunSettings | None = None, store: str | None = None,
+                 advertise: str | None = None, leader_ttl: int = DEFAULT_TTL_S):
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and its key (--tls_cert and --tls_key)")
+        if store is not None and state_dir is not None:
+            raise ValueError("give either a state directory or an etcd store, not both")
+        self._etcd = etcd.parse_url(store) if store is not None else None
+        self._advertise = advertise
+        self._leader_ttl = leader_ttl
         self.host = host
         self.port = port
         self.metrics_port = metrics_port
@@ -139,26 +154,137 @@ class Orchestrator:
 
     async def _serve(self) -> None:
         self._stopping = asyncio.Event()
+        if self._etcd is not None:
+            await self._serve_replica()
+            return
         store = FileStore(self._state_dir) if self._state_dir else MemoryStore()
         service = RendezvousService(self._settings, store, self._events, self._metrics)
         await service.load()
+        server = await self._start_server(service.handler())
+        try:
+            await self._ready_until_stopped()
+        finally:
+            await self._stop_server(server)
+            await service.close()
+            self._metrics.close()
+
+    async def _start_server(self, handler: grpc.GenericRpcHandler) -> grpc.aio.Server:
         interceptors = ([auth.TokenInterceptor(self._token, self._metrics.rpc_refused)]
                         if self._token else [])
         server = grpc.aio.server(interceptors=interceptors, options=_SERVER_OPTIONS)
-        server.add_generic_rpc_handlers((service.handler(),))
+        server.add_generic_rpc_handlers((handler,))
         health_servicer = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         self.port = self._bind(server)
         await server.start()
         for name in ("", SERVICE_NAME):
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        server.health = health_servicer
+        return server
+
+    async def _stop_server(self, server: grpc.aio.Server, grace: float | None = None) -> None:
+        await server.health.enter_graceful_shutdown()
+        await server.stop(self._grace if grace is None else grace)
+
+    async def _ready_until_stopped(self) -> None:
+        self._announce_ready()
+        await self._stopping.wait()
+
+    def _announce_ready(self) -> None:
+        if self.metrics_port is not None:
+            self.metrics_port = self._metrics.serve(self.metrics_host, self.metrics_port)
+        self._ready.set()
+
+    async def _serve_replica(self) -> None:
+        """Stands by until this replica holds the leader key, leads until it loses it, and
+        so on until stopped. Leading starts from the runs in etcd; losing the lead ends every
+        call in flight (the server restarts on the same port), so clients move on at once."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+        client = etcd.EtcdClient(self._etcd.endpoints)
+        gate = _LeaderGate()
+        server = await self._start_server(gate)
+        election = Election(client, leader_key(self._etcd.prefix),
+                            self._advertise or self.endpoint, self._leader_ttl,
+                            on_change=lambda: loop.call_soon_threadsafe(changed.set))
+        gate.election = election
+        service: RendezvousService | None = None
+        election.start()
+        self._announce_ready()
+        stopping = loop.create_task(self._stopping.wait())
         try:
-            if self.metrics_port is not None:
-                self.metrics_port = self._metrics.serve(self.metrics_host, self.metrics_port)
-            self._ready.set()
-            await self._stopping.wait()
+            while not self._stopping.is_set():
+                woken = loop.create_task(changed.wait())
+                await asyncio.wait([woken, stopping], return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                changed.clear()
+                if election.leading and service is None:
+                    previous = election.previous
+                    service = await self._lead(client, election)
+                    if service is not None:
+                        gate.handler = service.handler()
+                        self._record_elected(election.identity, previous, service)
+                elif not election.leading and service is not None:
+                    gate.handler = None
+                    self._events.record(ev.LEADER_LOST, replica=election.identity,
+                                        cause=election.lost_cause)
+                    await self._stop_server(server, grace=0)
+                    await service.close()
+                    service = None
+                    server = await self._start_server(gate)
         finally:
-            await health_servicer.enter_graceful_shutdown()
-            await server.stop(self._grace)
-            await service.close()
+            stopping.cancel()
+            election.stop()
+            await self._stop_server(server)
+            if service is not None:
+                await service.close()
+            client.close()
             self._metrics.close()
+
+    async def _lead(self, client: etcd.EtcdClient, election: Election) -> RendezvousService | None:
+        """The service of a new term, its runs loaded from etcd (None: the lead was lost)."""
+        store = EtcdStore(client, self._etcd.prefix, election, on_conflict=election.step_down)
+        service = RendezvousService(self._settings, store, self._events, self._metrics)
+        try:
+            await service.load()
+        except NotLeaderError:
+            await service.close()
+            return None
+        return service
+
+    def _record_elected(self, identity: str, previous: str | None,
+                        service: RendezvousService) -> None:
+        fields = {"replica": identity, "runs": service.run_count}
+        if previous:
+            self._events.record(ev.ORCHESTRATOR_FAILOVER, previous=previous, **fields)
+        else:
+            self._events.record(ev.LEADER_ELECTED, **fields)
+
+
+class _LeaderGate(grpc.GenericRpcHandler):
+    """Routes membership calls to the service of the current term while this replica leads;
+    refuses them otherwise, naming the leader (``not_leader``: the client goes there)."""
+
+    def __init__(self):
+        self.election: Election | None = None
+        self.handler: grpc.GenericRpcHandler | None = None
+        self._refusal = grpc.unary_unary_rpc_method_handler(self._refuse)
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        if not details.method.startswith(f"/{SERVICE_NAME}/"):
+            return None
+        handler = self.handler
+        if handler is not None and self.election is not None and self.election.leading:
+            return handler.service(details)
+        return self._refusal
+
+    async def _refuse(self, request: bytes, context: grpc.aio.ServicerContext) -> None:
+        election = self.election
+        leader = "" if election is None or election.leader == election.identity \
+            else election.leader
+        where = (f"the leader is {leader}" if leader
+                 else "no replica leads right now (an election is under way)")
+        await context.abort(grpc.StatusCode.UNAVAILABLE,
+                            f"this orchestrator replica stands by; {where}: retry there",
+                            trailing_metadata=((rpc.REASON_METADATA_KEY, NOT_LEADER),
+                                               (LEADER_METADATA_KEY, leader)))

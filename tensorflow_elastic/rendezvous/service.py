@@ -105,6 +105,10 @@ class RendezvousService:
             self._add_run(state).start()
         self._sweeper = asyncio.get_running_loop().create_task(self._expire_idle_runs())
 
+    @property
+    def run_count(self) -> int:
+        return len(self._runs)
+
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()

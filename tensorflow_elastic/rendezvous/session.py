@@ -27,7 +27,8 @@ from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, BlocklistedError,
                                                   GenerationChangedError, NodeRemovedError,
-                                                  RendezvousError, RunFailedError)
+                                                  OrchestratorUnreachableError, RendezvousError,
+                                                  RunFailedError)
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.types import Membership, Phase
 from tensorflow_elastic.rendezvous.watchdog import ProgressWatchdog
@@ -45,6 +46,8 @@ DEFAULT_BARRIER_TIMEOUT_S = 30.0
 DEFAULT_PROGRESS_TIMEOUT_S = 300.0
 # How often a removed node whose address is blocked asks again to come back.
 BLOCKED_RETRY_S = 2.0
+# How long a worker waits for an orchestrator that does not answer (environment.ORCHESTRATOR_WAIT).
+DEFAULT_ORCHESTRATOR_WAIT_S = 60.0
 
 # listener(reason, generation): when the loss is a membership change, `generation` is the first
 # generation that has not ended (collectives of older ones must stop); None when every
@@ -198,6 +201,8 @@ class MembershipSession:
                                 self.generation)
                 except NodeRemovedError as e:
                     self._note_removed(e)
+        except OrchestratorUnreachableError as e:
+            raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
         finally:
             self._reforming.clear()
 
@@ -281,22 +286,33 @@ class MembershipSession:
                 pass  # another member's report already started the next generation
             except NodeRemovedError as e:
                 self._note_removed(e)  # the others went on without this node
+            except OrchestratorUnreachableError as e:
+                raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
 
     def finish(self, step: int) -> None:
         """The exit barrier (every member has returned from training at `step`), then a clean leave.
 
         Leaving at once keeps the orchestrator from taking finished members for
-        failed ones when their heartbeats stop.
+        failed ones when their heartbeats stop. Training is over either way: when
+        the orchestrator cannot be reached, it returns with a warning, so that the
+        code after training (saving the model) runs.
         """
         self._reforming.set()
+        reachable = True
         try:
             self.client.barrier(f"exit-{self.generation}", timeout=self.barrier_timeout)
         except (GenerationChangedError, NodeRemovedError):
             # A member was lost after training: every step is done, nobody pulls buffers now.
             logger.info("generation %d ended at the exit barrier", self.generation)
+        except OrchestratorUnreachableError as e:
+            reachable = False
+            logger.warning("training finished at step %d, but %s; returning without the exit "
+                           "barrier and the leave", step, e.message)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
         self.close()  # first: a heartbeat after the leave would find the node gone
+        if not reachable:
+            return
         try:
             self.client.leave("job complete")
         except RendezvousError as e:
@@ -466,3 +482,9 @@ def _live_from(generation: int, state: Phase) -> int:
     """The first generation that has not ended: below min_nodes (FORMING) the orchestrator keeps
     the number of the generation it ended."""
     return generation + 1 if state == Phase.FORMING else generation
+
+
+def _orchestrator_lost(needed_for: str, error: OrchestratorUnreachableError) -> str:
+    return (f"this worker needs the orchestrator to {needed_for}, but {error.message}. Raise "
+            f"{environment.ORCHESTRATOR_WAIT} (seconds, default {DEFAULT_ORCHESTRATOR_WAIT_S:g}) "
+            f"to wait longer, or run replicas (tfelastic-orchestrator --store etcd://...)")

@@ -151,7 +151,11 @@ class FileStore(MembershipStore):
 def _read_snapshot(path: str) -> Snapshot:
     """The snapshot in a file; ValueError unless it is a JSON object naming its run."""
     with open(path, "rb") as f:
-        snapshot = json.loads(f.read())
+        return check_snapshot(json.loads(f.read()))
+
+
+def check_snapshot(snapshot: object) -> Snapshot:
+    """``snapshot`` if it is a JSON object naming its run; ValueError otherwise."""
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("run_id"), str):
         raise ValueError("not a JSON object with a run_id")
     return snapshot
@@ -167,6 +171,8 @@ class GroupCommitter:
         self._changed = 0
         self._durable = 0
         self._writer: asyncio.Task | None = None
+        # The error of the last save, until the next one starts.
+        self._failed: BaseException | None = None
         self._saved = asyncio.Event()
 
     def mark(self) -> int:
@@ -175,6 +181,7 @@ class GroupCommitter:
         if not self._store.persistent:
             self._durable = self._changed
         elif self._writer is None or self._writer.done():
+            self._failed = None
             self._writer = asyncio.get_running_loop().create_task(self._write())
         return self._changed
 
@@ -189,9 +196,8 @@ class GroupCommitter:
         Raises the store's error when the save failed (e.g. the disk is full).
         """
         while self._durable < ticket:
-            writer = self._writer
-            if writer is not None and writer.done() and writer.exception() is not None:
-                raise writer.exception()
+            if self._failed is not None:
+                raise self._failed
             await self._saved.wait()
 
     async def _write(self) -> None:
@@ -204,6 +210,8 @@ class GroupCommitter:
                 await loop.run_in_executor(None, self._store.save, self._run_id, snapshot)
                 self._durable = ticket
                 self._wake()
+        except Exception as e:  # noqa: BLE001 - handed to every waiter
+            self._failed = e
         finally:
             self._wake()
 

@@ -21,6 +21,7 @@ from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client, Membership
 from tensorflow_elastic.rendezvous.session import (DEFAULT_BARRIER_TIMEOUT_S,
                                                    DEFAULT_JOIN_TIMEOUT_S,
+                                                   DEFAULT_ORCHESTRATOR_WAIT_S,
                                                    DEFAULT_PROGRESS_TIMEOUT_S, MembershipSession)
 from tensorflow_elastic.strategy import cluster
 
@@ -188,7 +189,10 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
         min_nodes = min_nodes or environment.integer(environment.MIN_NODES, 1)
         max_nodes = max_nodes or environment.integer(environment.MAX_NODES, max(min_nodes, 1))
         session = MembershipSession(
-            Client(endpoint, run_id, token, tls_ca=tls_ca), address, min_nodes, max_nodes,
+            Client(endpoint, run_id, token, tls_ca=tls_ca,
+                   retry_timeout=environment.number(environment.ORCHESTRATOR_WAIT,
+                                                    DEFAULT_ORCHESTRATOR_WAIT_S)),
+            address, min_nodes, max_nodes,
             join_timeout=environment.number(environment.JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT_S),
             progress_timeout=environment.number(environment.PROGRESS_TIMEOUT,
                                                 DEFAULT_PROGRESS_TIMEOUT_S),

@@ -1,0 +1,214 @@
+"""The etcd store and the leader election against a real etcd server (no TensorFlow)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+
+import pytest
+
+from tensorflow_elastic.rendezvous import cli, etcd
+from tensorflow_elastic.rendezvous.errors import NotLeaderError
+from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
+from tensorflow_elastic.rendezvous.leader import Election
+from tests.conftest import wait_until
+from tests.etcd_server import EtcdServer
+
+PREFIX = "/test"
+
+
+@pytest.fixture
+def etcd_server(tmp_path):
+    try:
+        server = EtcdServer(str(tmp_path / "etcd")).start()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def client(etcd_server):
+    c = etcd.EtcdClient((etcd_server.endpoint,))
+    yield c
+    c.close()
+
+
+def _elect(client, identity: str, ttl: int = 1) -> tuple[Election, threading.Event]:
+    changed = threading.Event()
+    election = Election(client, leader_key(PREFIX), identity, ttl, on_change=changed.set)
+    election.start()
+    return election, changed
+
+
+def test_url_parsing():
+    url = etcd.parse_url("etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a")
+    assert url.endpoints == ("10.0.0.1:2379", "10.0.0.2:2379") and url.prefix == "/jobs/a"
+    assert etcd.parse_url("etcd://h:1").prefix == etcd.DEFAULT_PREFIX
+    for bad in ("h:1", "etcd://", "etcd://host", "etcd://h:x/p"):
+        with pytest.raises(ValueError, match="etcd"):
+            etcd.parse_url(bad)
+    assert etcd.prefix_end(b"/a") == b"/b" and etcd.prefix_end(b"a\xff") == b"b"
+
+
+def test_one_leader_and_a_standby_that_takes_over(client):
+    first, first_changed = _elect(client, "replica-1")
+    wait_until(lambda: first.leading, timeout=10, what="the first replica to lead")
+    second, _ = _elect(client, "replica-2")
+    wait_until(lambda: second.leader == "replica-1", timeout=10, what="the standby to see it")
+    assert not second.leading
+    first.stop()  # revokes its lease: the key goes at once
+    wait_until(lambda: second.leading, timeout=10, what="the standby to take over")
+    assert second.previous == "replica-1"
+    second.stop()
+
+
+def test_saves_are_guarded_by_the_lead_and_the_revision(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    conflicts = []
+    store = EtcdStore(client, PREFIX, election, on_conflict=conflicts.append)
+    store.save("job", {"run_id": "job", "next_id": 1})
+    store.save("job", {"run_id": "job", "next_id": 2})
+    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 2}}
+    # Another writer moved the run's key on: the next save must not overwrite it.
+    other = EtcdStore(client, PREFIX, election)
+    other.load()
+    other.save("job", {"run_id": "job", "next_id": 3})
+    with pytest.raises(NotLeaderError, match="revision check failed"):
+        store.save("job", {"run_id": "job", "next_id": 3})
+    assert conflicts  # the server steps down on it
+    assert json.loads(client.get(store._key("job")).value)["next_id"] == 3
+    election.stop()
+
+
+def test_a_replica_that_does_not_lead_cannot_write(client):
+    leader, _ = _elect(client, "replica-1")
+    wait_until(lambda: leader.leading, timeout=10, what="the lead")
+    standby, _ = _elect(client, "replica-2")
+    wait_until(lambda: standby.leader == "replica-1", timeout=10, what="the standby")
+    with pytest.raises(NotLeaderError, match="does not lead"):
+        EtcdStore(client, PREFIX, standby).save("job", {"run_id": "job"})
+    # A forged revision (a replica that believes it still leads) fails the transaction.
+    standby.revision = 1
+    with pytest.raises(NotLeaderError, match="revision check failed"):
+        EtcdStore(client, PREFIX, standby).save("job", {"run_id": "job"})
+    assert client.get(EtcdStore(client, PREFIX, leader)._key("job")) is None
+    leader.stop()
+    standby.stop()
+
+
+def test_corrupt_values_are_set_aside_and_the_others_load(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    store = EtcdStore(client, PREFIX, election)
+    store.save("good", {"run_id": "good"})
+    bad_key = f"{PREFIX}/runs/garbage".encode()
+    client.txn([], [etcd.put(bad_key, b"{not json")])
+    client.txn([], [etcd.put(f"{PREFIX}/runs/list".encode(), b"[1, 2]")])
+    assert EtcdStore(client, PREFIX, election).load() == {"good": {"run_id": "good"}}
+    assert client.get(bad_key) is None
+    assert client.get(f"{PREFIX}/corrupt/garbage".encode()).value == b"{not json"
+    election.stop()
+
+
+def test_a_leader_cut_off_from_etcd_stops_before_its_lease_can_end(etcd_server, client):
+    election, changed = _elect(client, "replica-1", ttl=2)
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    changed.clear()
+    cut_at = time.monotonic()
+    etcd_server.signal(signal.SIGSTOP)  # etcd answers nothing more: no renewal gets through
+    try:
+        wait_until(lambda: not election.leading, timeout=10, interval=0.01,
+                   what="the leader to stop")
+        stopped_after = time.monotonic() - cut_at
+        # Its last renewal went out before the cut, so the lease lives >= 2 s from the cut on.
+        assert stopped_after < 2.0 - 0.2, stopped_after
+        assert changed.wait(10)  # the server hears of it once the call in flight times out
+    finally:
+        etcd_server.signal(signal.SIGCONT)
+    wait_until(lambda: election.leading, timeout=15, what="the lead again once etcd answers")
+    election.stop()
+
+
+class _BlackholeProxy:
+    """A TCP proxy to etcd that the test can cut: then it forwards nothing and closes nothing,
+    like a network partition (no reset reaches either side)."""
+
+    def __init__(self, target_port: int):
+        self._target = ("127.0.0.1", target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.endpoint = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.cut = threading.Event()
+        self._sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self._target)
+            self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                if not self.cut.is_set():
+                    sink.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self._listener.close()
+        for s in self._sockets:
+            s.close()
+
+
+def test_a_replica_partitioned_from_etcd_stops_leading_before_another_starts(etcd_server,
+                                                                            client):
+    proxy = _BlackholeProxy(etcd_server.port)
+    cut_off_client = etcd.EtcdClient((proxy.endpoint,), timeout=1.0)
+    leader, _ = _elect(cut_off_client, "replica-1", ttl=1)
+    wait_until(lambda: leader.leading, timeout=10, what="the first replica to lead")
+    standby, _ = _elect(client, "replica-2", ttl=1)
+    wait_until(lambda: standby.leader == "replica-1", timeout=10, what="the standby")
+    times: dict[str, float] = {}
+
+    def watch() -> None:
+        while len(times) < 2:
+            now = time.monotonic()
+            if not leader.leading:
+                times.setdefault("leader stopped", now)
+            if standby.leading:
+                times.setdefault("standby started", now)
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    proxy.cut.set()
+    watcher.join(timeout=15)
+    try:
+        assert times["leader stopped"] < times["standby started"], times
+    finally:
+        standby.stop()
+        proxy.close()
+        leader.stop()
+        cut_off_client.close()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--store", "etcd://x"], "is not HOST:PORT"),
+    (["--store", "etcd://h:1", "--state_dir", "d"], "exclude each other"),
+    (["--store", "etcd://h:1", "--leader_ttl", "0"], "--leader_ttl"),
+])
+def test_bad_store_flags_are_refused(flags, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--port", "0", *flags])
+    assert e.value.code == 2 and message in capsys.readouterr().err
