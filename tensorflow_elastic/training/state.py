@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
 from tensorflow_elastic.errors import MembershipChanged
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.strategy import runtime as runtime_lib
 
@@ -203,13 +205,24 @@ class TensorFlowState(State):
             self._assign(saved)
 
     def sync(self) -> None:
+        """State.sync() plus the variables, broadcast from the member furthest ahead.
+
+        Records a `state_synced` event (bytes moved, seconds) on every member.
+        """
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
         if variables:
-            is_source = runtime_lib.current().session.node_id == furthest.source
+            session = runtime_lib.current().session
+            started = time.perf_counter()
+            is_source = session.node_id == furthest.source
             values = _strategy().extended.broadcast_from(
                 [tf.convert_to_tensor(v) for v in variables], is_source)
             self._assign(values)
+            session.events.record(events.STATE_SYNCED, node=session.node_id,
+                                  generation=session.generation, source=furthest.source,
+                                  bytes=sum(v.shape.num_elements() * v.dtype.size
+                                            for v in variables),
+                                  seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
 

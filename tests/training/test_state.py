@@ -11,6 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
+from tensorflow_elastic.observability import events
+from tensorflow_elastic.observability.events import EventLog, read_events
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.training.state import furthest_ahead
 
@@ -105,14 +107,27 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def _members_ahead(monkeypatch, broadcast):
+def _members_ahead(monkeypatch, broadcast, events_file=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast` stands in
     for the collective that sends node 0's variables."""
     ahead = pickle.dumps(({"step": 7}, 7))
-    session = SimpleNamespace(node_id=1, exchange=lambda topic, blob: {0: ahead, 1: blob})
+    session = SimpleNamespace(node_id=1, generation=2, events=EventLog(events_file and str(events_file)),
+                              exchange=lambda topic, blob: {0: ahead, 1: blob})
     strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_from=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session, strategy=strategy))
+
+
+def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path):
+    weights, counts = tf.Variable([1.0, 2.0]), tf.Variable([3], dtype=tf.int64)
+    state = tfe.TensorFlowState([weights, counts], step=3)
+    _members_ahead(monkeypatch, lambda tensors, is_source: [tf.constant([5.0, 6.0]),
+                                                            tf.constant([9], tf.int64)],
+                   tmp_path / "events.jsonl")
+    state.sync()
+    [synced] = read_events(str(tmp_path / "events.jsonl"), event=events.STATE_SYNCED)
+    assert (synced["node"], synced["generation"], synced["source"], synced["bytes"]) == (1, 2, 0, 16)
+    assert synced["seconds"] >= 0
 
 
 def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
