@@ -373,7 +373,7 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
 def loopback_copy_mb_s(size: int, repeats: int = 3) -> float:
     """The raw rate of moving `size` bytes over one loopback TCP connection to another process
     (into a preallocated buffer): the median of `repeats` copies, in MB/s."""
-    size = max(size, 1 << 20)
+    size = max(size, 64 << 20)
     payload = memoryview(bytearray(os.urandom(1 << 20)) * (size >> 20))
     rates = []
     for _ in range(repeats):
