@@ -62,6 +62,9 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops = collectives.ElasticCollectiveAllReduce(
             [self._worker_device], world, self._communication_options, self._collective_keys,
             vote=self.vote)
+        self._broadcaster = collectives.VariableBroadcaster(
+            f"{self._worker_device}/device:CPU:0",
+            self._host_cross_device_ops.runtime_group_size)
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
@@ -83,6 +86,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._id_in_cluster = ordered.index(self._node_id)
         self._cluster_spec = server_lib.ClusterSpec({cluster.JOB_NAME: dict(members)})
         self.vote.regroup(generation, len(ordered))
+        self._broadcaster.regroup(generation)
         self.world_size_variable.assign(len(ordered))
         self.rank_variable.assign(self._id_in_cluster)
 
@@ -97,10 +101,9 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops.regroup(world, self._collective_keys)
         self._set_members(members, generation)
 
-    def broadcast_from(self, tensors: list, is_source: bool) -> list:
-        """The source member's `tensors` on every member (all members call it, one is the source)."""
-        return collectives.broadcast_from(self._host_cross_device_ops.host_launcher, tensors,
-                                          is_source)
+    def broadcast_variables(self, variables: list, is_source: bool) -> None:
+        """Gives `variables` the source member's values (all members call it, one is the source)."""
+        self._broadcaster.broadcast(variables, is_source)
 
     @property
     def generation(self) -> int:

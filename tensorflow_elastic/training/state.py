@@ -214,14 +214,12 @@ class TensorFlowState(State):
         if variables:
             session = runtime_lib.current().session
             started = time.perf_counter()
-            is_source = session.node_id == furthest.source
-            values = _strategy().extended.broadcast_from(
-                [tf.convert_to_tensor(v) for v in variables], is_source)
-            self._assign(values)
+            _strategy().extended.broadcast_variables(variables,
+                                                     session.node_id == furthest.source)
             session.events.record(events.STATE_SYNCED, node=session.node_id,
                                   generation=session.generation, source=furthest.source,
-                                  bytes=sum(v.shape.num_elements() * v.dtype.size
-                                            for v in variables),
+                                  bytes=sum(tf.TensorShape(v.shape).num_elements()
+                                            * tf.as_dtype(v.dtype).size for v in variables),
                                   seconds=time.perf_counter() - started)
         self._adopt(furthest)
 

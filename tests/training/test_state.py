@@ -108,22 +108,31 @@ def test_newcomer_without_commits_is_never_the_sync_source():
 
 
 def _members_ahead(monkeypatch, broadcast, events_file=None):
-    """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast` stands in
-    for the collective that sends node 0's variables."""
+    """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
+    is_source)` stands in for the collectives that give the variables node 0's values."""
     ahead = pickle.dumps(({"step": 7}, 7))
     session = SimpleNamespace(node_id=1, generation=2, events=EventLog(events_file and str(events_file)),
                               exchange=lambda topic, blob: {0: ahead, 1: blob})
-    strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_from=broadcast))
+    strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_variables=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session, strategy=strategy))
+
+
+def _receive(values):
+    """A broadcast in which node 1 receives `values`."""
+
+    def broadcast(variables, is_source):
+        assert not is_source
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    return broadcast
 
 
 def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path):
     weights, counts = tf.Variable([1.0, 2.0]), tf.Variable([3], dtype=tf.int64)
     state = tfe.TensorFlowState([weights, counts], step=3)
-    _members_ahead(monkeypatch, lambda tensors, is_source: [tf.constant([5.0, 6.0]),
-                                                            tf.constant([9], tf.int64)],
-                   tmp_path / "events.jsonl")
+    _members_ahead(monkeypatch, _receive([[5.0, 6.0], [9]]), tmp_path / "events.jsonl")
     state.sync()
     [synced] = read_events(str(tmp_path / "events.jsonl"), event=events.STATE_SYNCED)
     assert (synced["node"], synced["generation"], synced["source"], synced["bytes"]) == (1, 2, 0, 16)
@@ -133,7 +142,7 @@ def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path
 def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
-    _members_ahead(monkeypatch, lambda tensors, is_source: [tf.constant([5.0])])
+    _members_ahead(monkeypatch, _receive([[5.0]]))
     state.sync()
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [5.0])
     weights.assign([0.0])
@@ -141,11 +150,12 @@ def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
     assert weights.numpy().tolist() == [5.0]
 
 
-def test_a_sync_that_fails_in_the_broadcast_changes_nothing(monkeypatch):
+def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch):
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
 
-    def peer_lost(tensors, is_source):
+    def peer_lost(variables, is_source):
+        variables[0].assign([5.0])  # received before the peer was lost
         raise tf.errors.UnavailableError(None, None, "peer lost")
 
     _members_ahead(monkeypatch, peer_lost)
