@@ -105,8 +105,12 @@ else:
         world.assign(runtime.membership.world_size)
         rank.assign(runtime.membership.rank)
 
-    # Warm-up before joining: a newcomer traces its step while the members train.
-    train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
+    # Warm-up before joining: a newcomer traces and runs its step once, alone (its state is
+    # replaced by the members' at the sync), while the members train.
+    if runtime.session.standby:
+        train_step(tf.constant(0, tf.int64))
+    else:
+        train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
     state = tfe.TensorFlowState(model.state_variables, step=0)
     state.register_reset_callbacks([follow_membership])
 
