@@ -75,9 +75,10 @@ SETTINGS = {
 }
 
 
-def model_flags(model: str) -> tuple[str, ...]:
-    """The worker's flags for `model`."""
-    return ("--model", model, "--global_batch", str(SETTINGS[model].global_batch))
+def model_flags(model: str, snapshot_every: int = 1) -> tuple[str, ...]:
+    """The worker's flags for `model` and (elastic workers) the state's commit policy."""
+    return ("--model", model, "--global_batch", str(SETTINGS[model].global_batch),
+            "--snapshot_every", str(snapshot_every))
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
@@ -258,15 +259,15 @@ class Steady(NamedTuple):
     commit_s: list[float]  # the elastic workers' commit times after the warm-up
 
 
-def steady_state(workers: int, pairs: int, model: str, tmp: str,
-                 control: bool = False) -> Steady:
+def steady_state(workers: int, pairs: int, model: str, tmp: str, control: bool = False,
+                 snapshot_every: int = 1) -> Steady:
     """(stock, elastic) run_block() results of `pairs` pairs of blocks; the groups take turns.
 
     With `control` the second group is stock too: its ratio shows the noise floor.
     """
     settings = SETTINGS[model]
     orchestrator = Orchestrator()
-    flags = ("--blocks", *model_flags(model))
+    flags = ("--blocks", *model_flags(model, snapshot_every))
     stock = stock_workers(workers, 10**9, flags)
     if control:
         other = stock_workers(workers, 10**9, flags)
@@ -306,13 +307,14 @@ def ratios_of(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
             statistics.median(o / s for (_, s), (_, o) in pairs))
 
 
-def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int) -> dict:
+def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
+               snapshot_every: int = 1) -> dict:
     """One crash, growth or leave scenario; returns its measurements."""
     settings = SETTINGS[model]
     orchestrator = Orchestrator()
     events_file = os.path.join(tmp, f"{kind}-{repeat}.jsonl")
     initial = workers - 1 if kind == "growth" else workers
-    flags = model_flags(model)
+    flags = model_flags(model, snapshot_every)
     group = elastic_workers(orchestrator, initial, f"{kind}{repeat}", 100_000,
                             min(initial, 2), workers, events_file, flags)
     try:
@@ -371,8 +373,8 @@ with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
 
 
 def loopback_copy_mb_s(size: int, repeats: int = 3) -> float:
-    """The raw rate of moving `size` bytes over one loopback TCP connection to another process
-    (into a preallocated buffer): the median of `repeats` copies, in MB/s."""
+    """The raw rate of moving `size` bytes (at least 64 MB) over one loopback TCP connection to
+    another process (into a preallocated buffer): the median of `repeats` copies, in MB/s."""
     size = max(size, 64 << 20)
     payload = memoryview(bytearray(os.urandom(1 << 20)) * (size >> 20))
     rates = []
@@ -428,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(default 4)")
     parser.add_argument("--model", default="tiny", choices=sorted(SETTINGS),
                         help="the model (benchmarks/models.py; default tiny)")
+    parser.add_argument("--snapshot_every", type=int, default=1,
+                        help="the elastic workers' commit policy: a snapshot every N commits "
+                        "(default 1)")
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["steady", "crash", "growth", "leave"],
                         help="phases to leave out (default none)")
@@ -443,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             if "steady" not in args.skip:
                 _steady_repeat(args, tmp, repeat, results)
             for kind in kinds:
-                r = disruption(kind, args.workers, args.model, tmp, repeat)
+                r = disruption(kind, args.workers, args.model, tmp, repeat, args.snapshot_every)
                 results[kind].append(r)
                 print(f"[{repeat + 1}/{args.repeats}] {kind}: " +
                       ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -455,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
 def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
                    results: dict[str, list]) -> None:
     """One repeat of the steady state (--sets sets of groups), added to `results`."""
-    sets = [steady_state(args.workers, args.pairs, args.model, tmp) for _ in range(args.sets)]
+    sets = [steady_state(args.workers, args.pairs, args.model, tmp,
+                         snapshot_every=args.snapshot_every) for _ in range(args.sets)]
     pairs = [pair for steady in sets for pair in steady.pairs]
     stock_s = statistics.median(s for (s, _), _ in pairs)
     elastic_s = statistics.median(e for _, (e, _) in pairs)
@@ -502,7 +508,8 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
             ("loopback copy (MB/s)", [r["loopback_mb_s"] for r in results["growth"]]),
             ("lost steps", [r["lost_steps"] for kind in ("crash", "growth", "leave")
                             for r in results[kind]])]
-    print(f"\nmodel {args.model}, {args.workers} workers, {args.repeats} repeat(s)")
+    print(f"\nmodel {args.model}, {args.workers} workers, {args.repeats} repeat(s), a snapshot "
+          f"every {args.snapshot_every} commit(s)")
     print(f"{'metric':<30}{'median':>10}{'min':>10}{'max':>10}")
     for name, values in rows:
         if values:
@@ -515,6 +522,7 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
     lost = {kind: [r["lost_steps"] for r in results[kind]] for kind in ("crash", "growth", "leave")}
     summary = {
         "model": args.model,
+        "snapshot_every": args.snapshot_every,
         "state_mb": median_of([r["sync_mb"] for r in growth], 2),
         "overhead_ratio": median_of(results["ratio"]),
         "overhead_cpu_ratio": median_of(results["cpu_ratio"]),

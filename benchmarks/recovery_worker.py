@@ -1,4 +1,4 @@
-"""The worker of benchmarks/recovery.py: one of benchmarks/models.py trained with Adam in a custom loop.
+"""The worker of benchmarks/recovery.py: a model of benchmarks/models.py, Adam, a custom loop.
 
 --mode elastic: ElasticMultiWorkerMirroredStrategy, a commit every step, tfe.run.
 --mode mwms: stock MultiWorkerMirroredStrategy from TF_CONFIG (the baseline);
@@ -25,6 +25,8 @@ parser.add_argument("--mode", choices=["elastic", "mwms"], required=True)
 parser.add_argument("--model", default="tiny", help="a model of benchmarks/models.py")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--global_batch", type=int, default=48)
+parser.add_argument("--snapshot_every", type=int, default=1,
+                    help="elastic mode: the state's commit policy (a snapshot every N commits)")
 parser.add_argument("--backup_dir", help="mwms mode: resume from and save checkpoints here")
 parser.add_argument("--save_every", type=int, default=10, help="mwms mode: steps between saves")
 parser.add_argument("--blocks", action="store_true", help="run blocks of steps read from stdin")
@@ -111,7 +113,8 @@ else:
         train_step(tf.constant(0, tf.int64))
     else:
         train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
-    state = tfe.TensorFlowState(model.state_variables, step=0)
+    state = tfe.TensorFlowState(model.state_variables, step=0,
+                                snapshot_every=args.snapshot_every)
     state.register_reset_callbacks([follow_membership])
 
     commit_s = None  # the previous commit's time, reported with the next step

@@ -41,13 +41,26 @@ def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class State:
-    """Python attributes (epoch, batch, anything picklable) with commit/restore/sync."""
+    """Python attributes (epoch, batch, anything picklable) with commit/restore/sync.
 
-    def __init__(self, **values: Any):
+    `snapshot_every` (keyword only, default 1) is the commit policy: every
+    commit is a point where the membership may change, but only every
+    `snapshot_every`-th one saves a snapshot to roll back to after a failure.
+    A larger value spares large models most of the snapshot's cost (for
+    variables, a copy of each updated buffer per snapshot) at the price of up to
+    `snapshot_every` steps redone after a crash; a join or a leave still loses
+    nothing. See docs/strategy.md for measurements.
+    """
+
+    def __init__(self, *, snapshot_every: int = 1, **values: Any):
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_committed", _copy_values(values))
         object.__setattr__(self, "_reset_callbacks", [])
         object.__setattr__(self, "_commits", 0)
+        object.__setattr__(self, "_saved_commits", 0)
+        object.__setattr__(self, "snapshot_every", snapshot_every)
 
     def __getattr__(self, name: str) -> Any:
         values = object.__getattribute__(self, "_values")
@@ -84,10 +97,12 @@ class State:
 
     def save(self) -> None:
         self._committed = _copy_values(self._values)
+        self._saved_commits = self._commits
 
     def restore(self) -> None:
-        """Rolls back to the last commit."""
+        """Rolls back to the last snapshot (the last commit with `snapshot_every=1`)."""
         self._values.update(_copy_values(self._committed))
+        self._commits = self._saved_commits
 
     def commit(self) -> None:
         """Snapshots the state, then re-forms here if the membership is about to change.
@@ -98,8 +113,11 @@ class State:
         session = runtime_lib.current().session
         session.check_job_alive()
         vote = _strategy().extended.vote
-        tally = self._save_reading_tally(vote)
         self._commits += 1
+        if self._commits % self.snapshot_every == 0:
+            tally = self._save_reading_tally(vote)
+        else:
+            tally = vote.read_tally()
         session.report_step(self._commits)
         if vote.outcome(tally):
             raise MembershipChanged("membership changes at this commit")

@@ -111,7 +111,8 @@ def _members_ahead(monkeypatch, broadcast, events_file=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
     is_source)` stands in for the collectives that give the variables node 0's values."""
     ahead = pickle.dumps(({"step": 7}, 7))
-    session = SimpleNamespace(node_id=1, generation=2, events=EventLog(events_file and str(events_file)),
+    session = SimpleNamespace(node_id=1, generation=2,
+                              events=EventLog(events_file and str(events_file)),
                               exchange=lambda topic, blob: {0: ahead, 1: blob})
     strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_variables=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
@@ -135,7 +136,8 @@ def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path
     _members_ahead(monkeypatch, _receive([[5.0, 6.0], [9]]), tmp_path / "events.jsonl")
     state.sync()
     [synced] = read_events(str(tmp_path / "events.jsonl"), event=events.STATE_SYNCED)
-    assert (synced["node"], synced["generation"], synced["source"], synced["bytes"]) == (1, 2, 0, 16)
+    assert (synced["node"], synced["generation"], synced["source"]) == (1, 2, 0)
+    assert synced["bytes"] == 2 * 4 + 8
     assert synced["seconds"] >= 0
 
 
@@ -164,3 +166,44 @@ def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch
     state.restore()
     # Taking node 0's step without its variables would skip a step's samples.
     assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])
+
+
+class _NoVote:
+    """A vote nobody casts: every commit goes on in the same membership."""
+
+    tally = None
+
+    def read_tally(self):
+        return (0.0, 1.0)
+
+    def outcome(self, tally):
+        return False
+
+
+def _alone(monkeypatch):
+    session = SimpleNamespace(check_job_alive=lambda: None, report_step=lambda step: None)
+    extended = SimpleNamespace(vote=_NoVote(), input_cursors=[])
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(session=session,
+                                                strategy=SimpleNamespace(extended=extended)))
+    monkeypatch.setattr(runtime_lib, "current_or_none", runtime_lib.current)
+
+
+@pytest.mark.parametrize("snapshot_every, restored", [(1, 5), (3, 3), (10, 0)])
+def test_a_restore_goes_back_to_the_last_snapshot_of_the_commit_policy(monkeypatch, snapshot_every,
+                                                                       restored):
+    _alone(monkeypatch)
+    weights = tf.Variable(0.0)
+    state = tfe.TensorFlowState([weights], step=0, snapshot_every=snapshot_every)
+    for _ in range(5):
+        weights.assign_add(1.0)
+        state.step += 1
+        state.commit()
+    assert (state.commits, state.uncommitted_steps()) == (5, 5 - restored)
+    state.restore()
+    assert (state.step, state.commits, float(weights.numpy())) == (restored, restored, restored)
+
+
+def test_a_commit_policy_below_one_is_refused():
+    with pytest.raises(ValueError, match="snapshot_every must be >= 1"):
+        tfe.State(step=0, snapshot_every=0)
