@@ -203,11 +203,19 @@ class VariableBroadcaster:
 
     def broadcast(self, variables: list, is_source: bool) -> None:
         """Every member calls it with the same variables (same order); one is the source."""
+        self._function(variables, is_source)()
+
+    def prepare(self, variables: list, is_source: bool) -> None:
+        """Traces the function that broadcast() runs: a newcomer does it before joining, so the
+        members do not wait for its tracing (seconds for hundreds of variables)."""
+        self._function(variables, is_source).get_concrete_function()
+
+    def _function(self, variables: list, is_source: bool):
         key = (tuple(id(v) for v in variables), is_source)
         if key not in self._functions:
             # The variables are kept with the function, so their ids are not reused meanwhile.
             self._functions[key] = (list(variables), self._trace(list(variables), is_source))
-        self._functions[key][1]()
+        return self._functions[key][1]
 
     def _trace(self, variables: list, is_source: bool) -> Callable:
         @def_function.function(autograph=False)

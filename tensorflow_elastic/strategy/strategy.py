@@ -105,6 +105,10 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         """Gives `variables` the source member's values (all members call it, one is the source)."""
         self._broadcaster.broadcast(variables, is_source)
 
+    def prepare_to_receive(self, variables: list) -> None:
+        """Traces the receiving side of broadcast_variables() ahead of time (a joining node)."""
+        self._broadcaster.prepare(variables, is_source=False)
+
     @property
     def generation(self) -> int:
         return self._generation

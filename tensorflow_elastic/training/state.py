@@ -131,6 +131,9 @@ class State:
         """Makes every member's state that of the member furthest ahead (after every re-form)."""
         self._adopt(self._gather_furthest_ahead())
 
+    def prepare_to_join(self) -> None:
+        """Builds, before a node joins, what its first sync runs (the members wait for that)."""
+
     def _gather_furthest_ahead(self) -> _Furthest:
         """The id, Python values and commits of the member with the most commits.
 
@@ -221,6 +224,11 @@ class TensorFlowState(State):
         saved = self._snapshot.saved_values()
         if saved:
             self._assign(saved)
+
+    def prepare_to_join(self) -> None:
+        variables = self._all_variables()
+        if variables:
+            _strategy().extended.prepare_to_receive(variables)
 
     def sync(self) -> None:
         """State.sync() plus the variables, broadcast from the member furthest ahead.

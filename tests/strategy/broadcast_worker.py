@@ -30,6 +30,8 @@ with tf.device(device):
                  tf.Variable(rng.randn(2, 1000).astype(np.float16))]
 broadcaster = collectives.VariableBroadcaster(
     device, collectives.RuntimeInt(len(members), "group_size"), chunk_bytes=64)
+# Traced ahead (as a joining node does), then used in the first broadcast.
+broadcaster.prepare(variables, is_source=node_id != 1)
 for generation, source in ((1, 1), (2, 0)):
     broadcaster.regroup(generation)
     broadcaster.broadcast(variables, is_source=node_id == source)

@@ -207,3 +207,16 @@ def test_a_restore_goes_back_to_the_last_snapshot_of_the_commit_policy(monkeypat
 def test_a_commit_policy_below_one_is_refused():
     with pytest.raises(ValueError, match="snapshot_every must be >= 1"):
         tfe.State(step=0, snapshot_every=0)
+
+
+def test_a_node_prepares_before_joining_to_receive_every_variable_of_its_state(monkeypatch):
+    weights, bias = tf.Variable([1.0]), tf.Variable(0.0)
+    prepared = []
+    extended = SimpleNamespace(prepare_to_receive=prepared.append, input_cursors=[],
+                               vote=_NoVote())
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(strategy=SimpleNamespace(extended=extended)))
+    monkeypatch.setattr(runtime_lib, "current_or_none", runtime_lib.current)
+    state = tfe.TensorFlowState([weights, bias], step=0)
+    state.prepare_to_join()
+    assert prepared == [[weights, bias]]
