@@ -24,8 +24,8 @@ from tensorflow.python.util import nest
 
 # Group keys are spaced per generation so that no two generations share one.
 KEYS_PER_GENERATION = 16
-# Within a generation's range: the state broadcast's group (the vote's fallback has the last key).
-BROADCAST_GROUP_OFFSET = KEYS_PER_GENERATION - 2
+# The state broadcast's instance keys, far above those traced functions take (from 100 up).
+BROADCAST_INSTANCE_KEY_START = 1 << 30
 
 
 def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
@@ -121,6 +121,11 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         return self._runtime_group_size
 
     @property
+    def runtime_group_key(self) -> RuntimeInt:
+        """The group key its collectives read when they run."""
+        return self._runtime_group_key
+
+    @property
     def _num_between_graph_workers(self):
         # The world can grow after a function is traced: never take the
         # single-worker shortcut that skips the collective.
@@ -182,18 +187,18 @@ class VariableBroadcaster:
     go in chunks, so the transfers of one variable overlap. Group size and key
     are runtime inputs read from variables, so the traced functions (one for
     sending, one for receiving, per list of variables) serve every generation.
+    The group is the training step's own (the instance keys are far from the
+    step's): the broadcast, the first collective of a new generation, resolves
+    the group, and the first step after it does not wait for that again.
     """
 
-    def __init__(self, device: str, group_size: RuntimeInt, chunk_bytes: int = 4 << 20):
+    def __init__(self, device: str, group_size: RuntimeInt, group_key: RuntimeInt,
+                 chunk_bytes: int = 4 << 20):
         self._device = device
         self._group_size = group_size
-        self._group_key = RuntimeInt(0, "elastic_broadcast_group_key")
+        self._group_key = group_key
         self._chunk_bytes = chunk_bytes
         self._functions: dict[tuple[tuple[int, ...], bool], tuple[list, Callable]] = {}
-
-    def regroup(self, generation: int) -> None:
-        """Broadcasts from now on go to `generation`'s group (its own key in the generation's range)."""
-        self._group_key.set(generation * KEYS_PER_GENERATION + BROADCAST_GROUP_OFFSET)
 
     def chunks(self, variable) -> list[tuple[int, int]]:
         """The [start, end) element ranges `variable` travels in (none for an empty one)."""
@@ -222,7 +227,7 @@ class VariableBroadcaster:
         def run():
             group_size = self._group_size.read()
             group_key = self._group_key.read()
-            instance_key = 0
+            instance_key = BROADCAST_INSTANCE_KEY_START
             sent = []
             for variable in variables:
                 dtype = dtypes.as_dtype(variable.dtype)

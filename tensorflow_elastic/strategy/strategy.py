@@ -62,9 +62,14 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops = collectives.ElasticCollectiveAllReduce(
             [self._worker_device], world, self._communication_options, self._collective_keys,
             vote=self.vote)
-        self._broadcaster = collectives.VariableBroadcaster(
-            f"{self._worker_device}/device:CPU:0",
-            self._host_cross_device_ops.runtime_group_size)
+        # The state broadcast shares the step's group when a worker has a single CPU device
+        # (one group to resolve per generation), otherwise the host group's.
+        if len(local_devices) == 1 and "CPU" in local_devices[0].upper():
+            device, shared = local_devices[0], self._cross_device_ops
+        else:
+            device, shared = f"{self._worker_device}/device:CPU:0", self._host_cross_device_ops
+        self._broadcaster = collectives.VariableBroadcaster(device, shared.runtime_group_size,
+                                                            shared.runtime_group_key)
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
@@ -86,7 +91,6 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._id_in_cluster = ordered.index(self._node_id)
         self._cluster_spec = server_lib.ClusterSpec({cluster.JOB_NAME: dict(members)})
         self.vote.regroup(generation, len(ordered))
-        self._broadcaster.regroup(generation)
         self.world_size_variable.assign(len(ordered))
         self.rank_variable.assign(self._id_in_cluster)
 

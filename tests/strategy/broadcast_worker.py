@@ -28,12 +28,13 @@ with tf.device(device):
                  tf.Variable(float(node_id)),
                  tf.Variable(tf.zeros([0, 4])),
                  tf.Variable(rng.randn(2, 1000).astype(np.float16))]
+group_key = collectives.RuntimeInt(0, "group_key")
 broadcaster = collectives.VariableBroadcaster(
-    device, collectives.RuntimeInt(len(members), "group_size"), chunk_bytes=64)
+    device, collectives.RuntimeInt(len(members), "group_size"), group_key, chunk_bytes=64)
 # Traced ahead (as a joining node does), then used in the first broadcast.
 broadcaster.prepare(variables, is_source=node_id != 1)
 for generation, source in ((1, 1), (2, 0)):
-    broadcaster.regroup(generation)
+    group_key.set(10 * generation)
     broadcaster.broadcast(variables, is_source=node_id == source)
     print(json.dumps({"generation": generation, "node": node_id,
                       "chunks": [len(broadcaster.chunks(v)) for v in variables],

@@ -8,6 +8,7 @@ from tensorflow_elastic.strategy import collectives
 def _broadcaster(chunk_bytes=16):
     return collectives.VariableBroadcaster("/device:CPU:0",
                                            collectives.RuntimeInt(2, "test_group_size"),
+                                           collectives.RuntimeInt(7, "test_group_key"),
                                            chunk_bytes=chunk_bytes)
 
 
@@ -28,10 +29,3 @@ def test_a_joining_node_traces_the_receiving_function_once_ahead_of_its_first_sy
     assert receive.experimental_get_tracing_count() == 1
     # The sending side is another function, traced only when first needed.
     assert broadcaster._function(variables, is_source=True).experimental_get_tracing_count() == 0
-
-
-def test_the_group_key_follows_the_generation():
-    broadcaster = _broadcaster()
-    broadcaster.regroup(3)
-    assert broadcaster._group_key.value == 3 * collectives.KEYS_PER_GENERATION + \
-        collectives.BROADCAST_GROUP_OFFSET
