@@ -105,7 +105,8 @@ class State:
         self._commits = self._saved_commits
 
     def commit(self) -> None:
-        """Snapshots the state, then re-forms here if the membership is about to change.
+        """Snapshots the state (every `snapshot_every`-th call), then re-forms here if the
+        membership is about to change.
 
         Every member votes at the same commit, so a growth or a leave happens
         at the same step everywhere and loses no work.
