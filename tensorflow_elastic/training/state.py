@@ -33,6 +33,8 @@ class _Furthest(NamedTuple):
     source: int
     values: dict[str, Any]
     commits: int
+    # Every member has made the same commits, at least one: their variables are already equal.
+    even: bool
 
 
 def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -148,8 +150,10 @@ class State:
         shared = runtime_lib.current().session.exchange(
             "state", pickle.dumps((self._values, self._commits)))
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
-        source = furthest_ahead({node_id: commits for node_id, (_, commits) in states.items()})
-        return _Furthest(source, *states[source])
+        commits = {node_id: count for node_id, (_, count) in states.items()}
+        source = furthest_ahead(commits)
+        even = len(set(commits.values())) == 1 and commits[source] > 0
+        return _Furthest(source, *states[source], even)
 
     def _adopt(self, furthest: _Furthest) -> None:
         self._values.update(furthest.values)
@@ -232,13 +236,16 @@ class TensorFlowState(State):
             _strategy().extended.prepare_to_receive(variables)
 
     def sync(self) -> None:
-        """State.sync() plus the variables, broadcast from the member furthest ahead.
+        """State.sync() plus the variables, broadcast from the member furthest ahead unless
+        every member is at the same commit (no newcomer).
 
         Records a `state_synced` event (bytes moved, seconds) on every member.
         """
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
-        if variables:
+        # Members at the same commit hold the same variables (they ran the same steps from
+        # the same sync, or restored the same snapshot): a crash or a leave moves nothing.
+        if variables and not furthest.even:
             session = runtime_lib.current().session
             started = time.perf_counter()
             _strategy().extended.broadcast_variables(variables,

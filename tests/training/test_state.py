@@ -220,3 +220,31 @@ def test_a_node_prepares_before_joining_to_receive_every_variable_of_its_state(m
     state = tfe.TensorFlowState([weights, bias], step=0)
     state.prepare_to_join()
     assert prepared == [[weights, bias]]
+
+
+def test_members_at_the_same_commit_keep_their_variables_and_move_nothing(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=0)
+    state.step = 7
+    object.__setattr__(state, "_commits", 7)
+    broadcasts = []
+    _members_ahead(monkeypatch, lambda variables, is_source: broadcasts.append(is_source))
+    state.sync()
+    assert broadcasts == []
+    assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
+
+
+def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=0)
+    session = SimpleNamespace(node_id=1, generation=1, events=EventLog(None),
+                              exchange=lambda topic, blob: {0: pickle.dumps(({"step": 0}, 0)),
+                                                            1: blob})
+    broadcasts = []
+    extended = SimpleNamespace(broadcast_variables=lambda v, is_source: broadcasts.append(is_source))
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(session=session,
+                                                strategy=SimpleNamespace(extended=extended)))
+    state.sync()
+    # Every member initialized its own variables: even at zero commits they differ.
+    assert broadcasts == [False]
