@@ -1,6 +1,8 @@
 """Recovery benchmark of the in-process elastic strategy, on one machine, side by side.
 
-For each repeat it runs, with --workers local worker processes on 127.0.0.1:
+--model picks one of benchmarks/models.py (tiny, wide, transformer, resnet50;
+each trained with Adam); its settings there say how many steps each phase
+runs. For each repeat it runs, with --workers local worker processes on 127.0.0.1:
 
 * steady state: a group of stock MultiWorkerMirroredStrategy workers and a
   group of elastic-strategy workers (a commit every step), same model and data,
@@ -11,15 +13,20 @@ For each repeat it runs, with --workers local worker processes on 127.0.0.1:
   over all block pairs of the ratio of median step times; also the ratio of
   CPU time per worker-step (all threads, from /proc); with --control, the same
   for a second stock group in place of the elastic one (an A/A ratio: how far
-  from 1 the machine's noise alone puts it);
+  from 1 the machine's noise alone puts it); also each worker's peak RSS
+  (VmHWM) and the median time of an elastic commit;
 * crash: SIGKILL to one worker; time to the first step of the new generation
   on the survivors, and steps lost (redone);
-* growth: start with workers-1, add one; the longest step gap on existing members;
+* growth: start with workers-1, add one; the longest step gap on existing members,
+  and the newcomer's state sync (its state_synced event: bytes and seconds) as a
+  rate in MB/s, next to a raw loopback copy (one socket, 2 processes) of the same
+  bytes measured in the same run;
 * leave: SIGTERM to one worker; the longest step gap on the survivors.
 
 Prints progress, then a table, and as its last line the JSON summary:
-{"overhead_ratio", "overhead_cpu_ratio", "recovery_s_median", "growth_pause_s_median",
- "leave_pause_s_median", "lost_steps_max", "lost_steps_max_growth_leave"}, plus
+{"model", "state_mb", "overhead_ratio", "overhead_cpu_ratio", "rss_ratio", "commit_ms_median",
+ "recovery_s_median", "growth_pause_s_median", "leave_pause_s_median", "sync_mb_s_median",
+ "loopback_mb_s_median", "lost_steps_max", "lost_steps_max_growth_leave"}, plus
 "control_ratio" with --control.
 """
 
@@ -38,17 +45,40 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 WORKER = os.path.join(HERE, "recovery_worker.py")
-WAIT_S = 180.0
-WARMUP_STEPS = 40
+WAIT_S = 300.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 sys.path.insert(0, REPO)
-from tensorflow_elastic.observability.events import STATE_RESTORED, read_events  # noqa: E402
+from tensorflow_elastic.observability.events import (STATE_RESTORED, STATE_SYNCED,  # noqa: E402
+                                                     read_events)
+
+
+class Settings(NamedTuple):
+    """A model's global batch and how long each phase runs for it (bigger models: fewer steps)."""
+
+    global_batch: int
+    warmup_steps: int
+    block_steps: int
+    disruption_steps: int  # steps before and after a crash, growth or leave
+
+
+SETTINGS = {
+    "tiny": Settings(global_batch=48, warmup_steps=40, block_steps=150, disruption_steps=20),
+    "wide": Settings(global_batch=48, warmup_steps=15, block_steps=40, disruption_steps=10),
+    "transformer": Settings(global_batch=6, warmup_steps=10, block_steps=25, disruption_steps=8),
+    "resnet50": Settings(global_batch=6, warmup_steps=6, block_steps=12, disruption_steps=5),
+}
+
+
+def model_flags(model: str, snapshot_every: int = 1) -> tuple[str, ...]:
+    """The worker's flags for `model` and (elastic workers) the state's commit policy."""
+    return ("--model", model, "--global_batch", str(SETTINGS[model].global_batch),
+            "--snapshot_every", str(snapshot_every))
 
 
 def _env(extra: dict[str, str]) -> dict[str, str]:
@@ -137,6 +167,14 @@ class Process:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
+    def peak_rss_mb(self) -> float:
+        """The process's peak resident memory so far (VmHWM)."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        raise RuntimeError(f"no VmHWM in /proc/{self.proc.pid}/status")
+
     def last_step(self) -> int:
         return self.records[-1]["step"] if self.records else 0
 
@@ -173,7 +211,8 @@ def elastic_workers(orchestrator: Orchestrator, count: int, run_id: str, steps: 
                     env) for _ in range(count)]
 
 
-def stock_workers(count: int, steps: int, flags: tuple[str, ...] = ()) -> list[Process]:
+def stock_workers(count: int, steps: int,
+                  flags: tuple[str, ...] = ()) -> list[Process]:
     ports = [_free_port() for _ in range(count)]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     return [Process([sys.executable, WORKER, "--mode", "mwms", "--steps", str(steps), *flags],
@@ -205,43 +244,58 @@ def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, f
         p.wait_for(lambda p=p: p.last_step() >= first + steps, "a block of steps", peers=group)
     cpu_per_step = (sum(p.cpu_seconds() for p in group) - cpu_before) / (len(group) * steps)
     gaps = []
+    skip = min(skip, steps // 3)  # short blocks (large models) keep most of their steps
     for p in group:
         times = [r["t"] for r in p.records if r["step"] > first][skip:]
         gaps += [b - a for a, b in zip(times, times[1:])]
     return statistics.median(gaps), cpu_per_step
 
 
-def steady_state(workers: int, pairs: int, block_steps: int, tmp: str,
-                 control: bool = False) -> list[tuple[tuple[float, float], tuple[float, float]]]:
+class Steady(NamedTuple):
+    """What one steady-state set measured."""
+
+    pairs: list[tuple[tuple[float, float], tuple[float, float]]]  # (stock, other) run_block()s
+    stock_rss_mb: list[float]  # each worker's peak RSS
+    other_rss_mb: list[float]
+    commit_s: list[float]  # the elastic workers' commit times after the warm-up
+
+
+def steady_state(workers: int, pairs: int, model: str, tmp: str, control: bool = False,
+                 snapshot_every: int = 1) -> Steady:
     """(stock, elastic) run_block() results of `pairs` pairs of blocks; the groups take turns.
 
     With `control` the second group is stock too: its ratio shows the noise floor.
     """
+    settings = SETTINGS[model]
     orchestrator = Orchestrator()
-    blocks = ("--blocks",)
-    stock = stock_workers(workers, 10**9, blocks)
+    flags = ("--blocks", *model_flags(model, snapshot_every))
+    stock = stock_workers(workers, 10**9, flags)
     if control:
-        other = stock_workers(workers, 10**9, blocks)
+        other = stock_workers(workers, 10**9, flags)
     else:
         other = elastic_workers(orchestrator, workers, "steady", 10**9, workers, workers,
-                                os.path.join(tmp, "steady.jsonl"), blocks)
+                                os.path.join(tmp, "steady.jsonl"), flags)
     try:
         for group in (stock, other):
-            run_block(group, WARMUP_STEPS)
+            run_block(group, settings.warmup_steps)
         results = []
         for i in range(pairs):
             if i % 2:
-                other_block = run_block(other, block_steps)
-                stock_block = run_block(stock, block_steps)
+                other_block = run_block(other, settings.block_steps)
+                stock_block = run_block(stock, settings.block_steps)
             else:
-                stock_block = run_block(stock, block_steps)
-                other_block = run_block(other, block_steps)
+                stock_block = run_block(stock, settings.block_steps)
+                other_block = run_block(other, settings.block_steps)
             results.append((stock_block, other_block))
+        measured = Steady(results, [p.peak_rss_mb() for p in stock],
+                          [p.peak_rss_mb() for p in other],
+                          [r["commit_s"] for p in other for r in p.records
+                           if r["step"] > settings.warmup_steps + 1 and r.get("commit_s")])
         for p in stock + other:
             p.send("0")
         for p in stock + other:
             p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
-        return results
+        return measured
     finally:
         for p in stock + other:
             p.stop()
@@ -254,28 +308,36 @@ def ratios_of(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
             statistics.median(o / s for (_, s), (_, o) in pairs))
 
 
-def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
+def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
+               snapshot_every: int = 1) -> dict:
     """One crash, growth or leave scenario; returns its measurements."""
+    settings = SETTINGS[model]
     orchestrator = Orchestrator()
     events_file = os.path.join(tmp, f"{kind}-{repeat}.jsonl")
     initial = workers - 1 if kind == "growth" else workers
+    flags = model_flags(model, snapshot_every)
     group = elastic_workers(orchestrator, initial, f"{kind}{repeat}", 100_000,
-                            min(initial, 2), workers, events_file)
+                            min(initial, 2), workers, events_file, flags)
     try:
         for p in group:
-            p.wait_for(lambda p=p: p.last_step() >= 40, "warm-up steps")
+            p.wait_for(lambda p=p: p.last_step() >= settings.warmup_steps, "warm-up steps")
         if kind == "growth":
             t0 = time.time()
             group += elastic_workers(orchestrator, 1, f"{kind}{repeat}", 100_000, 2, workers,
-                                     events_file)
+                                     events_file, flags)
             existing = group[:-1]
             newcomer = group[-1]
             newcomer.wait_for(lambda: newcomer.last_step() > 0, "the newcomer's first step")
-            target_step = max(p.last_step() for p in existing) + 20
+            target_step = max(p.last_step() for p in existing) + settings.disruption_steps
             for p in existing:
                 p.wait_for(lambda p=p: p.last_step() >= target_step, "steps after the growth")
             pause = max(max(step_gaps(p.records, t0)) for p in existing)
-            return {"pause_s": pause, "lost_steps": _lost_steps(existing, events_file)}
+            synced = [e for e in read_events(events_file, event=STATE_SYNCED)
+                      if e["node"] == newcomer.records[-1]["node"]]
+            return {"pause_s": pause, "lost_steps": _lost_steps(existing, events_file),
+                    "sync_s": synced[-1]["seconds"], "sync_mb": synced[-1]["bytes"] / 2**20,
+                    "sync_mb_s": synced[-1]["bytes"] / 2**20 / synced[-1]["seconds"],
+                    "loopback_mb_s": loopback_copy_mb_s(synced[-1]["bytes"])}
         victim = group[-1]
         survivors = group[:-1]
         before = max(p.last_step() for p in survivors)
@@ -286,7 +348,8 @@ def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
         for p in survivors:
             p.wait_for(lambda p=p: any(r["generation"] > generation for r in p.records),
                        "a step of the new generation")
-            p.wait_for(lambda p=p: p.last_step() >= before + 20, "steps after the change")
+            p.wait_for(lambda p=p: p.last_step() >= before + settings.disruption_steps,
+                       "steps after the change")
         first_new = min(r["t"] for p in survivors for r in p.records
                         if r["generation"] > generation)
         pause = max(max(step_gaps(p.records, t0)) for p in survivors)
@@ -296,6 +359,45 @@ def disruption(kind: str, workers: int, tmp: str, repeat: int) -> dict:
         for p in group:
             p.stop()
         orchestrator.stop()
+
+
+_LOOPBACK_RECEIVER = """
+import socket, sys
+size = int(sys.argv[2])
+with socket.create_connection(("127.0.0.1", int(sys.argv[1]))) as s:
+    buffer = memoryview(bytearray(size))
+    received = 0
+    while received < size:
+        received += s.recv_into(buffer[received:])
+    s.sendall(b"k")
+"""
+
+
+def loopback_copy_mb_s(size: int, repeats: int = 3) -> float:
+    """The raw rate of moving `size` bytes (at least 64 MB) over one loopback TCP connection to
+    another process (into a preallocated buffer): the median of `repeats` copies, in MB/s."""
+    size = max(size, 64 << 20)
+    payload = memoryview(bytearray(os.urandom(1 << 20)) * (size >> 20))
+    rates = []
+    for _ in range(repeats):
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            receiver = subprocess.Popen([sys.executable, "-c", _LOOPBACK_RECEIVER,
+                                         str(server.getsockname()[1]), str(len(payload))])
+            try:
+                server.settimeout(WAIT_S)
+                connection, _ = server.accept()
+                with connection:
+                    connection.settimeout(WAIT_S)
+                    started = time.perf_counter()
+                    connection.sendall(payload)
+                    if connection.recv(1) != b"k":
+                        raise RuntimeError("the loopback receiver did not acknowledge the copy")
+                    rates.append(len(payload) / 2**20 / (time.perf_counter() - started))
+            finally:
+                receiver.wait(timeout=WAIT_S)
+    return statistics.median(rates)
 
 
 def _lost_steps(workers: list[Process], events_file: str) -> int:
@@ -327,69 +429,118 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=4,
                         help="steady state: (stock, elastic) block pairs per set of groups "
                         "(default 4)")
-    parser.add_argument("--block_steps", type=int, default=150,
-                        help="steady state: steps per block (default 150)")
+    parser.add_argument("--model", default="tiny", choices=sorted(SETTINGS),
+                        help="the model (benchmarks/models.py; default tiny)")
+    parser.add_argument("--snapshot_every", type=int, default=1,
+                        help="the elastic workers' commit policy: a snapshot every N commits "
+                        "(default 1)")
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["steady", "crash", "growth", "leave"],
+                        help="phases to leave out (default none)")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
     results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "cpu_ratio": [],
-                                "control_ratio": [], "crash": [], "growth": [], "leave": []}
+                                "control_ratio": [], "stock_rss_mb": [], "elastic_rss_mb": [],
+                                "commit_s": [], "crash": [], "growth": [], "leave": []}
+    kinds = [kind for kind in ("crash", "growth", "leave") if kind not in args.skip]
     with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
         for repeat in range(args.repeats):
-            pairs = []
-            for _ in range(args.sets):
-                pairs += steady_state(args.workers, args.pairs, args.block_steps, tmp)
-            stock_s = statistics.median(s for (s, _), _ in pairs)
-            elastic_s = statistics.median(e for _, (e, _) in pairs)
-            ratio, cpu_ratio = ratios_of(pairs)
-            results["stock_s"].append(stock_s)
-            results["elastic_s"].append(elastic_s)
-            results["ratio"].append(ratio)
-            results["cpu_ratio"].append(cpu_ratio)
-            print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
-                  f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {ratio:.3f}, CPU per "
-                  f"worker-step ratio {cpu_ratio:.3f}", flush=True)
-            if args.control:
-                control = []
-                for _ in range(args.sets):
-                    control += steady_state(args.workers, args.pairs, args.block_steps, tmp,
-                                            control=True)
-                results["control_ratio"].append(ratios_of(control)[0])
-                print(f"[{repeat + 1}/{args.repeats}] control (stock vs stock): ratio "
-                      f"{results['control_ratio'][-1]:.3f}", flush=True)
-            for kind in ("crash", "growth", "leave"):
-                r = disruption(kind, args.workers, tmp, repeat)
+            if "steady" not in args.skip:
+                _steady_repeat(args, tmp, repeat, results)
+            for kind in kinds:
+                r = disruption(kind, args.workers, args.model, tmp, repeat, args.snapshot_every)
                 results[kind].append(r)
                 print(f"[{repeat + 1}/{args.repeats}] {kind}: " +
                       ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                 for k, v in r.items()), flush=True)
-    med = statistics.median
-    summary = {
-        "overhead_ratio": round(med(results["ratio"]), 4),
-        "overhead_cpu_ratio": round(med(results["cpu_ratio"]), 4),
-        "recovery_s_median": round(med(r["recovery_s"] for r in results["crash"]), 4),
-        "growth_pause_s_median": round(med(r["pause_s"] for r in results["growth"]), 4),
-        "leave_pause_s_median": round(med(r["pause_s"] for r in results["leave"]), 4),
-        "lost_steps_max": max(r["lost_steps"] for kind in ("crash", "growth", "leave")
-                              for r in results[kind]),
-        "lost_steps_max_growth_leave": max(r["lost_steps"] for kind in ("growth", "leave")
-                                           for r in results[kind]),
-    }
+    _report(args, results)
+    return 0
+
+
+def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
+                   results: dict[str, list]) -> None:
+    """One repeat of the steady state (--sets sets of groups), added to `results`."""
+    sets = [steady_state(args.workers, args.pairs, args.model, tmp,
+                         snapshot_every=args.snapshot_every) for _ in range(args.sets)]
+    pairs = [pair for steady in sets for pair in steady.pairs]
+    stock_s = statistics.median(s for (s, _), _ in pairs)
+    elastic_s = statistics.median(e for _, (e, _) in pairs)
+    ratio, cpu_ratio = ratios_of(pairs)
+    results["stock_s"].append(stock_s)
+    results["elastic_s"].append(elastic_s)
+    results["ratio"].append(ratio)
+    results["cpu_ratio"].append(cpu_ratio)
+    results["stock_rss_mb"].append(statistics.median(m for st in sets for m in st.stock_rss_mb))
+    results["elastic_rss_mb"].append(statistics.median(m for st in sets for m in st.other_rss_mb))
+    results["commit_s"].append(statistics.median(c for st in sets for c in st.commit_s))
+    print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
+          f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {ratio:.3f}, CPU per "
+          f"worker-step ratio {cpu_ratio:.3f}, peak RSS stock {results['stock_rss_mb'][-1]:.0f} "
+          f"MB elastic {results['elastic_rss_mb'][-1]:.0f} MB, commit "
+          f"{results['commit_s'][-1] * 1e3:.3f} ms", flush=True)
     if args.control:
-        summary["control_ratio"] = round(med(results["control_ratio"]), 4)
-    print(f"\n{'metric':<28}{'median':>10}{'min':>10}{'max':>10}")
+        control = [pair for _ in range(args.sets)
+                   for pair in steady_state(args.workers, args.pairs, args.model, tmp,
+                                            control=True).pairs]
+        results["control_ratio"].append(ratios_of(control)[0])
+        print(f"[{repeat + 1}/{args.repeats}] control (stock vs stock): ratio "
+              f"{results['control_ratio'][-1]:.3f}", flush=True)
+
+
+def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
+    """The table (median, min, max of the repeats) and the JSON summary line."""
+    med = statistics.median
     rows = [("stock MWMS step (ms)", [x * 1e3 for x in results["stock_s"]]),
             ("elastic step (ms)", [x * 1e3 for x in results["elastic_s"]]),
             ("overhead ratio", results["ratio"]),
             ("CPU per worker-step ratio", results["cpu_ratio"]),
-            *([("control ratio (stock/stock)", results["control_ratio"])] if args.control else []),
+            ("control ratio (stock/stock)", results["control_ratio"]),
+            ("peak RSS stock (MB)", results["stock_rss_mb"]),
+            ("peak RSS elastic (MB)", results["elastic_rss_mb"]),
+            ("RSS ratio", [e / s for s, e in zip(results["stock_rss_mb"],
+                                                 results["elastic_rss_mb"])]),
+            ("commit (ms)", [x * 1e3 for x in results["commit_s"]]),
             ("crash recovery (s)", [r["recovery_s"] for r in results["crash"]]),
             ("growth pause (s)", [r["pause_s"] for r in results["growth"]]),
-            ("leave pause (s)", [r["pause_s"] for r in results["leave"]])]
+            ("leave pause (s)", [r["pause_s"] for r in results["leave"]]),
+            ("newcomer's sync (s)", [r["sync_s"] for r in results["growth"]]),
+            ("sync rate (MB/s)", [r["sync_mb_s"] for r in results["growth"]]),
+            ("loopback copy (MB/s)", [r["loopback_mb_s"] for r in results["growth"]]),
+            ("lost steps", [r["lost_steps"] for kind in ("crash", "growth", "leave")
+                            for r in results[kind]])]
+    print(f"\nmodel {args.model}, {args.workers} workers, {args.repeats} repeat(s), a snapshot "
+          f"every {args.snapshot_every} commit(s)")
+    print(f"{'metric':<30}{'median':>10}{'min':>10}{'max':>10}")
     for name, values in rows:
-        print(f"{name:<28}{med(values):>10.3f}{min(values):>10.3f}{max(values):>10.3f}")
+        if values:
+            print(f"{name:<30}{med(values):>10.3f}{min(values):>10.3f}{max(values):>10.3f}")
+
+    def median_of(values, digits=4):
+        return round(med(values), digits) if values else None
+
+    growth = results["growth"]
+    lost = {kind: [r["lost_steps"] for r in results[kind]] for kind in ("crash", "growth", "leave")}
+    summary = {
+        "model": args.model,
+        "snapshot_every": args.snapshot_every,
+        "state_mb": median_of([r["sync_mb"] for r in growth], 2),
+        "overhead_ratio": median_of(results["ratio"]),
+        "overhead_cpu_ratio": median_of(results["cpu_ratio"]),
+        "rss_ratio": median_of([e / s for s, e in zip(results["stock_rss_mb"],
+                                                      results["elastic_rss_mb"])]),
+        "commit_ms_median": median_of([x * 1e3 for x in results["commit_s"]]),
+        "recovery_s_median": median_of([r["recovery_s"] for r in results["crash"]]),
+        "growth_pause_s_median": median_of([r["pause_s"] for r in growth]),
+        "leave_pause_s_median": median_of([r["pause_s"] for r in results["leave"]]),
+        "sync_mb_s_median": median_of([r["sync_mb_s"] for r in growth], 1),
+        "loopback_mb_s_median": median_of([r["loopback_mb_s"] for r in growth], 1),
+        "lost_steps_max": max((x for v in lost.values() for x in v), default=None),
+        "lost_steps_max_growth_leave": max(lost["growth"] + lost["leave"], default=None),
+    }
+    if args.control:
+        summary["control_ratio"] = median_of(results["control_ratio"])
     print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

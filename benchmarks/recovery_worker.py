@@ -1,4 +1,4 @@
-"""The worker of benchmarks/recovery.py: a small MLP trained in a custom loop.
+"""The worker of benchmarks/recovery.py: a model of benchmarks/models.py, Adam, a custom loop.
 
 --mode elastic: ElasticMultiWorkerMirroredStrategy, a commit every step, tfe.run.
 --mode mwms: stock MultiWorkerMirroredStrategy from TF_CONFIG (the baseline);
@@ -7,7 +7,8 @@ every --save_every steps (the chief there, the others to a scratch copy, as
 TensorFlow's multi-worker checkpointing guide does), so a supervisor can
 restart it after a failure.
 Both run the same step function on the same data and print one JSON line per
-step: {"t": unix time, "step", "node", "generation", "world", "pid"}.
+step: {"t": unix time, "step", "node", "generation", "world", "pid"}, plus
+"commit_s" (the previous step's commit time) in elastic mode.
 With --blocks the steps come in blocks, each started by a line on stdin with its
 number of steps (0 or end of input: stop), so a driver can interleave two
 groups of workers on the same machine.
@@ -21,8 +22,11 @@ import time
 
 parser = argparse.ArgumentParser(description=__doc__)
 parser.add_argument("--mode", choices=["elastic", "mwms"], required=True)
+parser.add_argument("--model", default="tiny", help="a model of benchmarks/models.py")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--global_batch", type=int, default=48)
+parser.add_argument("--snapshot_every", type=int, default=1,
+                    help="elastic mode: the state's commit policy (a snapshot every N commits)")
 parser.add_argument("--backup_dir", help="mwms mode: resume from and save checkpoints here")
 parser.add_argument("--save_every", type=int, default=10, help="mwms mode: steps between saves")
 parser.add_argument("--blocks", action="store_true", help="run blocks of steps read from stdin")
@@ -37,9 +41,9 @@ parser.add_argument("--pause_kind", choices=["python", "gil"], default="python",
                     "bytecodes); gil: one C call that holds the GIL throughout")
 args = parser.parse_args()
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import models  # noqa: E402
 import tensorflow_elastic as tfe  # noqa: E402
 from tensorflow_elastic import ops  # noqa: E402
 
@@ -57,39 +61,19 @@ if args.pause_every and args.pause_kind == "gil":
     sum(range(5_000_000))
     GIL_LOOP_PER_S = 5_000_000 / (time.perf_counter() - _started)
 
-rng = np.random.RandomState(0)
-features = tf.constant(rng.randn(8192, 32).astype(np.float32))
-targets = tf.constant((rng.randn(8192, 1) > 0).astype(np.float32))
+global_batch = args.global_batch
 with strategy.scope():
-    layers = [tf.Variable(rng.randn(32, 64).astype(np.float32) * 0.1), tf.Variable(tf.zeros([64])),
-              tf.Variable(rng.randn(64, 64).astype(np.float32) * 0.1), tf.Variable(tf.zeros([64])),
-              tf.Variable(rng.randn(64, 1).astype(np.float32) * 0.1), tf.Variable(tf.zeros([1]))]
+    model = models.build(args.model, global_batch)
 world = tf.Variable(1, dtype=tf.int64)
 rank = tf.Variable(0, dtype=tf.int64)
 
 
-def model(x):
-    h = tf.nn.relu(x @ layers[0] + layers[1])
-    h = tf.nn.relu(h @ layers[2] + layers[3])
-    return h @ layers[4] + layers[5]
-
-
 @tf.function
 def train_step(step):
-    start, size = ops.global_batch_slice(step, args.global_batch, world, rank)
-    index = tf.range(start, start + size) % features.shape[0]
-    x, y = tf.gather(features, index), tf.gather(targets, index)
-
-    def replica_step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x)
-            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(y, logits)) / args.global_batch
-        grads = tf.distribute.get_replica_context().all_reduce("SUM", tape.gradient(loss, layers))
-        for v, g in zip(layers, grads):
-            v.assign_sub(0.1 * g)
-        return loss
-
-    return strategy.reduce("SUM", strategy.run(replica_step, args=(x, y)), axis=None)
+    start, size = ops.global_batch_slice(step, global_batch, world, rank)
+    index = tf.range(start, start + size) % model.features.shape[0]
+    x, y = tf.gather(model.features, index), tf.gather(model.targets, index)
+    return strategy.reduce("SUM", strategy.run(model.replica_step, args=(x, y)), axis=None)
 
 
 def block_end(step):
@@ -109,9 +93,9 @@ def pause(seconds, kind):
         pass
 
 
-def report(step, node, generation, world_size):
+def report(step, node, generation, world_size, **extra):
     print(json.dumps({"t": time.time(), "step": step, "node": node, "generation": generation,
-                      "world": world_size, "pid": os.getpid()}), flush=True)
+                      "world": world_size, "pid": os.getpid(), **extra}), flush=True)
 
 
 if args.mode == "mwms":
@@ -122,7 +106,7 @@ if args.mode == "mwms":
     first = 0
     if args.backup_dir:
         saved_step = tf.Variable(0, dtype=tf.int64)
-        checkpoint = tf.train.Checkpoint(layers=layers, step=saved_step)
+        checkpoint = tf.train.Checkpoint(state=model.state_variables, step=saved_step)
         directory = args.backup_dir if task == 0 else os.path.join(args.backup_dir,
                                                                     f"scratch-{task}")
         manager = tf.train.CheckpointManager(checkpoint, directory, max_to_keep=2)
@@ -146,22 +130,33 @@ else:
         world.assign(runtime.membership.world_size)
         rank.assign(runtime.membership.rank)
 
-    # Warm-up before joining: a newcomer traces its step while the members train.
-    train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
-    state = tfe.TensorFlowState(layers, step=0)
+    # Warm-up before joining: a newcomer traces and runs its step once, alone (its state is
+    # replaced by the members' at the sync), while the members train.
+    if runtime.session.standby:
+        train_step(tf.constant(0, tf.int64))
+    else:
+        train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
+    state = tfe.TensorFlowState(model.state_variables, step=0,
+                                snapshot_every=args.snapshot_every)
     state.register_reset_callbacks([follow_membership])
+
+    commit_s = None  # the previous commit's time, reported with the next step
 
     @tfe.run
     def train(state):
+        global commit_s
         follow_membership()
         end = block_end(state.step)
         while state.step < end:
             train_step(tf.constant(state.step, tf.int64))
             state.step += 1
-            report(state.step, runtime.node_id, runtime.generation, runtime.membership.world_size)
+            report(state.step, runtime.node_id, runtime.generation, runtime.membership.world_size,
+                   commit_s=commit_s)
             if args.pause_every and state.step % args.pause_every == 0:
                 pause(args.pause_s, args.pause_kind)
+            started = time.perf_counter()
             state.commit()
+            commit_s = time.perf_counter() - started
             if state.step == end:
                 end = block_end(state.step)
 

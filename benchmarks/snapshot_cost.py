@@ -9,7 +9,9 @@ For each size it measures, side by side in alternating blocks:
 * update step: a traced SGD-like update of every variable, without a snapshot
   held and right after a take. After a take the update copies each buffer
   (copy-on-write), which is the part of a commit's cost that grows with the
-  model.
+  model;
+* held memory: how much the process's RSS grows when the first update after a
+  take copies the buffers (the second copy a snapshot keeps).
 
 Prints a table and, as its last line, JSON with the medians per size.
 """
@@ -31,7 +33,17 @@ SIZES = {
     "mlp_25KB": [(32, 64), (64,), (64, 64), (64,), (64, 1), (1,)],
     "4MB": [(256, 512)] * 8,
     "64MB": [(2048, 1024)] * 8,
+    "256MB": [(2048, 1024)] * 32,
 }
+
+
+def _rss_mb() -> float:
+    """This process's resident memory now (VmRSS)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def _median_us(run, iterations: int) -> float:
@@ -62,8 +74,11 @@ def measure(shapes, iterations: int, blocks: int) -> dict[str, float]:
         snapshot.take()
         update()
 
+    update()
+    before = _rss_mb()
     snapshot.take()
     update()
+    held_mb = _rss_mb() - before
     eager_read()
     results: dict[str, list[float]] = {"take_us": [], "eager_read_us": [], "update_us": [],
                                        "take_then_update_us": []}
@@ -76,6 +91,7 @@ def measure(shapes, iterations: int, blocks: int) -> dict[str, float]:
     summary["copy_on_write_us"] = round(summary["take_then_update_us"] - summary["update_us"]
                                         - summary["take_us"], 2)
     summary["megabytes"] = round(sum(v.numpy().nbytes for v in variables) / 2**20, 3)
+    summary["held_mb"] = round(held_mb, 1)
     return summary
 
 
@@ -88,13 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     summary = {}
     print(f"{'model':<10}{'MB':>8}{'take us':>10}{'eager read us':>15}{'update us':>12}"
-          f"{'take+update us':>16}{'copy-on-write us':>18}")
+          f"{'take+update us':>16}{'copy-on-write us':>18}{'held MB':>9}")
     for name, shapes in SIZES.items():
         r = measure(shapes, args.iterations, args.blocks)
         summary[name] = r
         print(f"{name:<10}{r['megabytes']:>8.2f}{r['take_us']:>10.1f}{r['eager_read_us']:>15.1f}"
               f"{r['update_us']:>12.1f}{r['take_then_update_us']:>16.1f}"
-              f"{r['copy_on_write_us']:>18.1f}", flush=True)
+              f"{r['copy_on_write_us']:>18.1f}{r['held_mb']:>9.1f}", flush=True)
     print(json.dumps(summary))
     return 0
 

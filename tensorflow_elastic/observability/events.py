@@ -24,6 +24,7 @@ NODE_JOINED = "node_joined"
 NODE_LEFT = "node_left"
 GENERATION_START = "generation_start"
 STATE_RESTORED = "state_restored"
+STATE_SYNCED = "state_synced"
 STEP = "step"
 JOB_COMPLETE = "job_complete"
 # Orchestrator replicas (--store etcd://): one took the lead (after another: a failover), one

@@ -12,17 +12,20 @@ fed from Python at each call costs tens of microseconds of CPU per step).
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils, reduce_util
-from tensorflow.python.eager import context
-from tensorflow.python.framework import dtypes, indexed_slices, ops
+from tensorflow.python.eager import context, def_function
+from tensorflow.python.framework import dtypes, indexed_slices, ops, tensor_shape
 from tensorflow.python.framework.tensor import Tensor
-from tensorflow.python.ops import array_ops, math_ops, variables
+from tensorflow.python.ops import array_ops, collective_ops, math_ops, variables
 from tensorflow.python.util import nest
 
 # Group keys are spaced per generation so that no two generations share one.
 KEYS_PER_GENERATION = 16
+# The state broadcast's instance keys, far above those traced functions take (from 100 up).
+BROADCAST_INSTANCE_KEY_START = 1 << 30
 
 
 def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
@@ -113,9 +116,14 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         self._replicas_voting_in: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     @property
-    def host_launcher(self) -> ElasticReplicaLauncher:
-        """The launcher of the first device, for collectives outside a replica context."""
-        return self._launchers[0]
+    def runtime_group_size(self) -> RuntimeInt:
+        """The group size its collectives read when they run."""
+        return self._runtime_group_size
+
+    @property
+    def runtime_group_key(self) -> RuntimeInt:
+        """The group key its collectives read when they run."""
+        return self._runtime_group_key
 
     @property
     def _num_between_graph_workers(self):
@@ -170,23 +178,77 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
                 lambda v: v / math_ops.cast(self._runtime_group_size.read(), v.dtype), summed)
 
 
-def broadcast_from(launcher: ElasticReplicaLauncher, tensors: list[Tensor],
-                   is_source: bool) -> list[Tensor]:
-    """The source member's tensors on every member, in one all-reduce per dtype."""
-    by_dtype: dict[dtypes.DType, list[int]] = {}
-    for i, t in enumerate(tensors):
-        by_dtype.setdefault(t.dtype, []).append(i)
-    result: list[Tensor | None] = [None] * len(tensors)
-    for dtype, indices in by_dtype.items():
-        flat = array_ops.concat([array_ops.reshape(tensors[i], [-1]) for i in indices], axis=0)
-        if not is_source:
-            flat = array_ops.zeros_like(flat)
-        if dtype == dtypes.bool:
-            summed = math_ops.cast(launcher.all_reduce(math_ops.cast(flat, dtypes.int32)),
-                                   dtypes.bool)
-        else:
-            summed = launcher.all_reduce(flat)
-        sizes = [int(array_ops.size(tensors[i])) for i in indices]
-        for i, part in zip(indices, array_ops.split(summed, sizes)):
-            result[i] = array_ops.reshape(part, tensors[i].shape)
-    return result
+class VariableBroadcaster:
+    """Makes every member's variables equal to one member's: real broadcasts, in one traced call.
+
+    The source runs CollectiveBcastSendV2 on each variable's value, the others
+    CollectiveBcastRecvV2 and assign what they receive (a received buffer is
+    adopted by the variable, not copied). Variables larger than `chunk_bytes`
+    go in chunks, so the transfers of one variable overlap. Group size and key
+    are runtime inputs read from variables, so the traced functions (one for
+    sending, one for receiving, per list of variables) serve every generation.
+    The group is the training step's own (the instance keys are far from the
+    step's): the broadcast, the first collective of a new generation, resolves
+    the group, and the first step after it does not wait for that again.
+    """
+
+    def __init__(self, device: str, group_size: RuntimeInt, group_key: RuntimeInt,
+                 chunk_bytes: int = 4 << 20):
+        self._device = device
+        self._group_size = group_size
+        self._group_key = group_key
+        self._chunk_bytes = chunk_bytes
+        self._functions: dict[tuple[tuple[int, ...], bool], tuple[list, Callable]] = {}
+
+    def chunks(self, variable) -> list[tuple[int, int]]:
+        """The [start, end) element ranges `variable` travels in (none for an empty one)."""
+        size = tensor_shape.TensorShape(variable.shape).num_elements()
+        step = max(1, self._chunk_bytes // dtypes.as_dtype(variable.dtype).size)
+        return [(start, min(size, start + step)) for start in range(0, size, step)]
+
+    def broadcast(self, variables: list, is_source: bool) -> None:
+        """Every member calls it with the same variables (same order); one is the source."""
+        self._function(variables, is_source)()
+
+    def prepare(self, variables: list, is_source: bool) -> None:
+        """Traces the function that broadcast() runs: a newcomer does it before joining, so the
+        members do not wait for its tracing (seconds for hundreds of variables)."""
+        self._function(variables, is_source).get_concrete_function()
+
+    def _function(self, variables: list, is_source: bool):
+        key = (tuple(id(v) for v in variables), is_source)
+        if key not in self._functions:
+            # The variables are kept with the function, so their ids are not reused meanwhile.
+            self._functions[key] = (list(variables), self._trace(list(variables), is_source))
+        return self._functions[key][1]
+
+    def _trace(self, variables: list, is_source: bool) -> Callable:
+        @def_function.function(autograph=False)
+        def run():
+            group_size = self._group_size.read()
+            group_key = self._group_key.read()
+            instance_key = BROADCAST_INSTANCE_KEY_START
+            sent = []
+            for variable in variables:
+                dtype = dtypes.as_dtype(variable.dtype)
+                shape = tensor_shape.TensorShape(variable.shape)
+                flat = array_ops.reshape(variable, [-1]) if is_source else None
+                parts = []
+                for start, end in self.chunks(variable):
+                    instance_key += 1
+                    with ops.device(self._device):
+                        if is_source:
+                            part = flat if end - start == shape.num_elements() else flat[start:end]
+                            sent.append(collective_ops.broadcast_send_v2(
+                                part, group_size, group_key, instance_key))
+                        else:
+                            parts.append(collective_ops.broadcast_recv_v2(
+                                [end - start], dtype, group_size, group_key, instance_key))
+                if parts:
+                    value = parts[0] if len(parts) == 1 else array_ops.concat(parts, axis=0)
+                    variable.assign(array_ops.reshape(value, shape))
+            # A send whose output nothing uses would be pruned from the function.
+            with ops.control_dependencies(sent):
+                return array_ops.identity(group_size)
+
+        return run

@@ -62,6 +62,14 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops = collectives.ElasticCollectiveAllReduce(
             [self._worker_device], world, self._communication_options, self._collective_keys,
             vote=self.vote)
+        # The state broadcast shares the step's group when a worker has a single CPU device
+        # (one group to resolve per generation), otherwise the host group's.
+        if len(local_devices) == 1 and "CPU" in local_devices[0].upper():
+            device, shared = local_devices[0], self._cross_device_ops
+        else:
+            device, shared = f"{self._worker_device}/device:CPU:0", self._host_cross_device_ops
+        self._broadcaster = collectives.VariableBroadcaster(device, shared.runtime_group_size,
+                                                            shared.runtime_group_key)
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
@@ -97,10 +105,13 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops.regroup(world, self._collective_keys)
         self._set_members(members, generation)
 
-    def broadcast_from(self, tensors: list, is_source: bool) -> list:
-        """The source member's `tensors` on every member (all members call it, one is the source)."""
-        return collectives.broadcast_from(self._host_cross_device_ops.host_launcher, tensors,
-                                          is_source)
+    def broadcast_variables(self, variables: list, is_source: bool) -> None:
+        """Gives `variables` the source member's values (all members call it, one is the source)."""
+        self._broadcaster.broadcast(variables, is_source)
+
+    def prepare_to_receive(self, variables: list) -> None:
+        """Traces the receiving side of broadcast_variables() ahead of time (a joining node)."""
+        self._broadcaster.prepare(variables, is_source=False)
 
     @property
     def generation(self) -> int:

@@ -63,6 +63,8 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
     def wrapper(state: State, *args, **kwargs) -> T:
         rt = runtime_lib.current()
         session = rt.session
+        if session.standby:
+            state.prepare_to_join()
         session.enter_training()
         reforms_without_progress = 0
         change: _Change | None = None

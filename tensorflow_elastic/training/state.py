@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import copy
 import pickle
+import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
 from tensorflow_elastic.errors import MembershipChanged
+from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.strategy import runtime as runtime_lib
 
@@ -41,13 +43,26 @@ def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class State:
-    """Python attributes (epoch, batch, anything picklable) with commit/restore/sync."""
+    """Python attributes (epoch, batch, anything picklable) with commit/restore/sync.
 
-    def __init__(self, **values: Any):
+    `snapshot_every` (keyword only, default 1) is the commit policy: every
+    commit is a point where the membership may change, but only every
+    `snapshot_every`-th one saves a snapshot to roll back to after a failure.
+    A larger value spares large models most of the snapshot's cost (for
+    variables, a copy of each updated buffer per snapshot) at the price of up to
+    `snapshot_every` steps redone after a crash; a join or a leave still loses
+    nothing. See docs/strategy.md for measurements.
+    """
+
+    def __init__(self, *, snapshot_every: int = 1, **values: Any):
+        if snapshot_every < 1:
+            raise ValueError(f"snapshot_every must be >= 1, got {snapshot_every}")
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_committed", _copy_values(values))
         object.__setattr__(self, "_reset_callbacks", [])
         object.__setattr__(self, "_commits", 0)
+        object.__setattr__(self, "_saved_commits", 0)
+        object.__setattr__(self, "snapshot_every", snapshot_every)
 
     def __getattr__(self, name: str) -> Any:
         values = object.__getattribute__(self, "_values")
@@ -84,13 +99,16 @@ class State:
 
     def save(self) -> None:
         self._committed = _copy_values(self._values)
+        self._saved_commits = self._commits
 
     def restore(self) -> None:
-        """Rolls back to the last commit."""
+        """Rolls back to the last snapshot (the last commit with `snapshot_every=1`)."""
         self._values.update(_copy_values(self._committed))
+        self._commits = self._saved_commits
 
     def commit(self) -> None:
-        """Snapshots the state, then re-forms here if the membership is about to change.
+        """Snapshots the state (every `snapshot_every`-th call), then re-forms here if the
+        membership is about to change.
 
         Every member votes at the same commit, so a growth or a leave happens
         at the same step everywhere and loses no work.
@@ -98,8 +116,11 @@ class State:
         session = runtime_lib.current().session
         session.check_job_alive()
         vote = _strategy().extended.vote
-        tally = self._save_reading_tally(vote)
         self._commits += 1
+        if self._commits % self.snapshot_every == 0:
+            tally = self._save_reading_tally(vote)
+        else:
+            tally = vote.read_tally()
         session.report_step(self._commits)
         if vote.outcome(tally):
             raise MembershipChanged("membership changes at this commit")
@@ -112,6 +133,9 @@ class State:
     def sync(self) -> None:
         """Makes every member's state that of the member furthest ahead (after every re-form)."""
         self._adopt(self._gather_furthest_ahead())
+
+    def prepare_to_join(self) -> None:
+        """Builds, before a node joins, what its first sync runs (the members wait for that)."""
 
     def _gather_furthest_ahead(self) -> _Furthest:
         """The id, Python values and commits of the member with the most commits.
@@ -218,15 +242,31 @@ class TensorFlowState(State):
         if saved:
             self._assign(saved)
 
+    def prepare_to_join(self) -> None:
+        variables = self._all_variables()
+        if variables:
+            _strategy().extended.prepare_to_receive(variables)
+
     def sync(self) -> None:
+        """State.sync() plus the variables, broadcast from the member furthest ahead unless
+        every member is at the same commit (no newcomer).
+
+        Records a `state_synced` event (bytes moved, seconds) on every member.
+        """
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
-        # After a lost member the survivors usually are in step: no broadcast on the way back.
+        # Members at the same commit hold the same variables (they ran the same steps from
+        # the same sync, or restored the same snapshot): a crash or a leave moves nothing.
         if variables and not furthest.even:
-            is_source = runtime_lib.current().session.node_id == furthest.source
-            values = _strategy().extended.broadcast_from(
-                [tf.convert_to_tensor(v) for v in variables], is_source)
-            self._assign(values)
+            session = runtime_lib.current().session
+            started = time.perf_counter()
+            _strategy().extended.broadcast_variables(variables,
+                                                     session.node_id == furthest.source)
+            session.events.record(events.STATE_SYNCED, node=session.node_id,
+                                  generation=session.generation, source=furthest.source,
+                                  bytes=sum(tf.TensorShape(v.shape).num_elements()
+                                            * tf.as_dtype(v.dtype).size for v in variables),
+                                  seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
 

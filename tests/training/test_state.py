@@ -11,6 +11,8 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
+from tensorflow_elastic.observability import events
+from tensorflow_elastic.observability.events import EventLog, read_events
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.training.state import furthest_ahead, in_step
 
@@ -105,20 +107,44 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def _members_ahead(monkeypatch, broadcast):
-    """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast` stands in
-    for the collective that sends node 0's variables."""
+def _members_ahead(monkeypatch, broadcast, events_file=None):
+    """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
+    is_source)` stands in for the collectives that give the variables node 0's values."""
     ahead = pickle.dumps(({"step": 7}, 7))
-    session = SimpleNamespace(node_id=1, exchange=lambda topic, blob: {0: ahead, 1: blob})
-    strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_from=broadcast))
+    session = SimpleNamespace(node_id=1, generation=2,
+                              events=EventLog(events_file and str(events_file)),
+                              exchange=lambda topic, blob: {0: ahead, 1: blob})
+    strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_variables=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session, strategy=strategy))
+
+
+def _receive(values):
+    """A broadcast in which node 1 receives `values`."""
+
+    def broadcast(variables, is_source):
+        assert not is_source
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+
+    return broadcast
+
+
+def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path):
+    weights, counts = tf.Variable([1.0, 2.0]), tf.Variable([3], dtype=tf.int64)
+    state = tfe.TensorFlowState([weights, counts], step=3)
+    _members_ahead(monkeypatch, _receive([[5.0, 6.0], [9]]), tmp_path / "events.jsonl")
+    state.sync()
+    [synced] = read_events(str(tmp_path / "events.jsonl"), event=events.STATE_SYNCED)
+    assert (synced["node"], synced["generation"], synced["source"]) == (1, 2, 0)
+    assert synced["bytes"] == 2 * 4 + 8
+    assert synced["seconds"] >= 0
 
 
 def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
-    _members_ahead(monkeypatch, lambda tensors, is_source: [tf.constant([5.0])])
+    _members_ahead(monkeypatch, _receive([[5.0]]))
     state.sync()
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [5.0])
     weights.assign([0.0])
@@ -126,11 +152,12 @@ def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
     assert weights.numpy().tolist() == [5.0]
 
 
-def test_a_sync_that_fails_in_the_broadcast_changes_nothing(monkeypatch):
+def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch):
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
 
-    def peer_lost(tensors, is_source):
+    def peer_lost(variables, is_source):
+        variables[0].assign([5.0])  # received before the peer was lost
         raise tf.errors.UnavailableError(None, None, "peer lost")
 
     _members_ahead(monkeypatch, peer_lost)
@@ -150,14 +177,83 @@ def test_members_apart_a_newcomer_or_a_fresh_start_need_the_broadcast(commits):
     assert not in_step(commits)
 
 
-def test_a_sync_of_members_in_step_sends_no_variables(monkeypatch):
-    weights = tf.Variable([5.0])
-    state = tfe.TensorFlowState([weights], step=7)
-    object.__setattr__(state, "_commits", 7)  # node 1 made the same 7 commits as node 0
+class _NoVote:
+    """A vote nobody casts: every commit goes on in the same membership."""
 
-    def no_broadcast(tensors, is_source):
-        raise AssertionError("members in step broadcast nothing")
+    tally = None
 
-    _members_ahead(monkeypatch, no_broadcast)
+    def read_tally(self):
+        return (0.0, 1.0)
+
+    def outcome(self, tally):
+        return False
+
+
+def _alone(monkeypatch):
+    session = SimpleNamespace(check_job_alive=lambda: None, report_step=lambda step: None)
+    extended = SimpleNamespace(vote=_NoVote(), input_cursors=[])
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(session=session,
+                                                strategy=SimpleNamespace(extended=extended)))
+    monkeypatch.setattr(runtime_lib, "current_or_none", runtime_lib.current)
+
+
+@pytest.mark.parametrize("snapshot_every, restored", [(1, 5), (3, 3), (10, 0)])
+def test_a_restore_goes_back_to_the_last_snapshot_of_the_commit_policy(monkeypatch, snapshot_every,
+                                                                       restored):
+    _alone(monkeypatch)
+    weights = tf.Variable(0.0)
+    state = tfe.TensorFlowState([weights], step=0, snapshot_every=snapshot_every)
+    for _ in range(5):
+        weights.assign_add(1.0)
+        state.step += 1
+        state.commit()
+    assert (state.commits, state.uncommitted_steps()) == (5, 5 - restored)
+    state.restore()
+    assert (state.step, state.commits, float(weights.numpy())) == (restored, restored, restored)
+
+
+def test_a_commit_policy_below_one_is_refused():
+    with pytest.raises(ValueError, match="snapshot_every must be >= 1"):
+        tfe.State(step=0, snapshot_every=0)
+
+
+def test_a_node_prepares_before_joining_to_receive_every_variable_of_its_state(monkeypatch):
+    weights, bias = tf.Variable([1.0]), tf.Variable(0.0)
+    prepared = []
+    extended = SimpleNamespace(prepare_to_receive=prepared.append, input_cursors=[],
+                               vote=_NoVote())
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(strategy=SimpleNamespace(extended=extended)))
+    monkeypatch.setattr(runtime_lib, "current_or_none", runtime_lib.current)
+    state = tfe.TensorFlowState([weights, bias], step=0)
+    state.prepare_to_join()
+    assert prepared == [[weights, bias]]
+
+
+def test_members_at_the_same_commit_keep_their_variables_and_move_nothing(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=0)
+    state.step = 7
+    object.__setattr__(state, "_commits", 7)
+    broadcasts = []
+    _members_ahead(monkeypatch, lambda variables, is_source: broadcasts.append(is_source))
     state.sync()
-    assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [5.0])
+    assert broadcasts == []
+    assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
+
+
+def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=0)
+    session = SimpleNamespace(node_id=1, generation=1, events=EventLog(None),
+                              exchange=lambda topic, blob: {0: pickle.dumps(({"step": 0}, 0)),
+                                                            1: blob})
+    broadcasts = []
+    extended = SimpleNamespace(broadcast_variables=lambda v, is_source: broadcasts.append(is_source))
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(session=session,
+                                                strategy=SimpleNamespace(extended=extended)))
+    state.sync()
+    # Every member initialized its own variables: even at zero commits they differ.
+    assert broadcasts == [False]
