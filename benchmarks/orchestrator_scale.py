@@ -47,6 +47,10 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_ID = "bench"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
+sys.path.insert(0, REPO_ROOT)
+from tensorflow_elastic.rendezvous.settings import (  # noqa: E402
+    HEARTBEAT_INTERVAL_S, RunSettings)
+
 
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -191,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="simulated nodes (default: %(default)s)")
     parser.add_argument("--processes", type=int, default=0,
                         help="client processes (default: 1 per 250 nodes, at most 4)")
-    parser.add_argument("--heartbeat_interval", type=float, default=1.0,
+    parser.add_argument("--heartbeat_interval", type=float, default=HEARTBEAT_INTERVAL_S,
                         help="seconds between two heartbeats of a node (default: %(default)s)")
-    parser.add_argument("--heartbeat_timeout", type=float, default=5.0,
+    parser.add_argument("--heartbeat_timeout", type=float,
+                        default=RunSettings.heartbeat_timeout,
                         help="the orchestrator's --heartbeat_timeout (default: %(default)s)")
     parser.add_argument("--measure_s", type=float, default=10.0,
                         help="seconds of steady heartbeats measured (default: %(default)s)")
