@@ -62,6 +62,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"batches per pass: an elastic epoch is one pass over a finite input; pass "
                 f"steps_per_epoch={passes} (or none), or .repeat() the input")
         _retrace_if_world_changed(self.model, strategy.num_replicas_in_sync)
+        if self._input is not None:
+            with strategy.scope():
+                _build_compiled_containers(self.model, self._input.element_spec)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.state.epoch = epoch
@@ -85,6 +88,34 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self.state.batch = 0
         self.first_batch = 0
         self.state.commit()
+
+
+def _build_compiled_containers(model: Any, element_spec: Any) -> None:
+    """Builds tf-keras' compiled loss and metrics, which it otherwise builds at the first step.
+
+    Every `fit` epoch starts with `reset_metrics()`, which under a multi-worker
+    strategy all-reduces each metric variable it resets: a newcomer must hold
+    the members' metrics before its first epoch, or its collectives pair with
+    the wrong ones. (Keras 3 builds them before `fit` calls any callback.)
+    """
+    containers = [c for c in (getattr(model, "compiled_loss", None),
+                              getattr(model, "compiled_metrics", None))
+                  if c is not None and getattr(c, "built", True) is False]
+    if not containers or not isinstance(element_spec, tuple) or len(element_spec) < 2:
+        return
+
+    def one_example(spec):
+        if spec.shape.rank is None or None in spec.shape[1:]:
+            raise ValueError(f"the input's element {spec} has an unknown shape")
+        return tf.zeros([1, *spec.shape[1:]], spec.dtype)
+
+    x, y = (tf.nest.map_structure(one_example, spec) for spec in element_spec[:2])
+    y_pred = model(x, training=False)
+    for container in containers:
+        if type(container).__name__ == "LossesContainer":
+            container.build(y_pred)
+        else:
+            container.build(y_pred, y)
 
 
 def _retrace_if_world_changed(model: Any, world: int) -> None:

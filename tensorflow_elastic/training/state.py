@@ -219,7 +219,7 @@ class KerasState(TensorFlowState):
     def __init__(self, model, optimizer=None, **values: Any):
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_optimizer", optimizer)
-        if optimizer is not None and not getattr(optimizer, "built", True):
+        if optimizer is not None and not _optimizer_built(optimizer):
             # Slots must exist on every member before the first sync.
             with runtime_lib.current().strategy.scope():
                 optimizer.build(model.trainable_variables)
@@ -230,6 +230,14 @@ class KerasState(TensorFlowState):
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
         return variables
+
+
+def _optimizer_built(optimizer) -> bool:
+    """Whether the optimizer has its slots: Keras 3 says `built`, tf-keras `_built` (set only
+    once built); an optimizer without `build` builds its slots itself."""
+    if not callable(getattr(optimizer, "build", None)):
+        return True
+    return bool(getattr(optimizer, "built", getattr(optimizer, "_built", False)))
 
 
 def _extended():
