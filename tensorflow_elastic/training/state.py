@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
-from tensorflow_elastic.errors import MembershipChanged
+from tensorflow_elastic.errors import GenerationEnded, MembershipChanged, StateLayoutMismatch
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.strategy import runtime as runtime_lib
 
@@ -205,6 +205,7 @@ class TensorFlowState(State):
     def sync(self) -> None:
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
+        _check_layouts(variables, furthest.source)
         if variables:
             is_source = runtime_lib.current().session.node_id == furthest.source
             values = _strategy().extended.broadcast_from(
@@ -230,6 +231,40 @@ class KerasState(TensorFlowState):
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
         return variables
+
+
+def _layout(variables: list[tf.Variable]) -> list[tuple[str, tuple, str]]:
+    """What a sync needs equal on every member: each variable's name, shape and dtype, in order."""
+    return [(getattr(v, "path", None) or v.name, tuple(v.shape.as_list()), v.dtype.name)
+            for v in variables]
+
+
+def _check_layouts(variables: list[tf.Variable], source: int) -> None:
+    """Compares every member's state layout with the source's before any variable is sent.
+
+    A node whose layout differs raises StateLayoutMismatch naming the first
+    variable that differs (it then leaves); the others raise GenerationEnded
+    and re-form without it. Without this check the sync's all-reduce fails
+    on every member with a shape mismatch.
+    """
+    session = runtime_lib.current().session
+    layouts = {node_id: pickle.loads(blob) for node_id, blob in
+               session.exchange("layout", pickle.dumps(_layout(variables))).items()}
+    expected = layouts[source]
+    differing = sorted(node_id for node_id, layout in layouts.items() if layout != expected)
+    if not differing:
+        return
+    if session.node_id in differing:
+        mine = layouts[session.node_id]
+        first = next((i for i, (a, b) in enumerate(zip(mine, expected)) if a != b),
+                     min(len(mine), len(expected)))
+        have = mine[first] if first < len(mine) else "nothing"
+        want = expected[first] if first < len(expected) else "nothing"
+        raise StateLayoutMismatch(
+            f"this node's state differs from the members' at variable #{first}: it has {have}, "
+            f"the members have {want} ({len(mine)} vs {len(expected)} variables). Build the same "
+            f"model, optimizer and inputs on every node (same code, same order) before training")
+    raise GenerationEnded(f"node(s) {differing} hold a different state layout; they leave")
 
 
 def _optimizer_built(optimizer) -> bool:

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 import tensorflow_elastic as tfe
 from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.training.state import furthest_ahead
 
 
@@ -105,11 +106,20 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def _members_ahead(monkeypatch, broadcast):
+def _members_ahead(monkeypatch, broadcast, layouts=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast` stands in
-    for the collective that sends node 0's variables."""
+    for the collective that sends node 0's variables. `layouts` (node -> layout) replaces
+    the members' state layouts (default: all equal to node 1's)."""
     ahead = pickle.dumps(({"step": 7}, 7))
-    session = SimpleNamespace(node_id=1, exchange=lambda topic, blob: {0: ahead, 1: blob})
+
+    def exchange(topic, blob):
+        if topic != "layout":
+            return {0: ahead, 1: blob}
+        shared = {0: blob, 1: blob}
+        shared.update({node: pickle.dumps(layout) for node, layout in (layouts or {}).items()})
+        return shared
+
+    session = SimpleNamespace(node_id=1, exchange=exchange)
     strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_from=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session, strategy=strategy))
@@ -139,3 +149,27 @@ def test_a_sync_that_fails_in_the_broadcast_changes_nothing(monkeypatch):
     state.restore()
     # Taking node 0's step without its variables would skip a step's samples.
     assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])
+
+
+def _never_broadcast(tensors, is_source):
+    raise AssertionError("no variable may be sent when the layouts differ")
+
+
+def test_a_node_whose_variables_differ_from_the_members_says_which_and_takes_nothing(monkeypatch):
+    weights = tf.Variable([1.0], name="weights")
+    state = tfe.TensorFlowState([weights], step=3)
+    _members_ahead(monkeypatch, _never_broadcast,
+                   layouts={0: [("weights:0", (2,), "float32")]})
+    with pytest.raises(StateLayoutMismatch, match=r"weights:0', \(1,\).*weights:0', \(2,\)"):
+        state.sync()
+    assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])
+
+
+def test_members_re_form_without_a_node_whose_variables_differ(monkeypatch):
+    weights = tf.Variable([1.0], name="weights")
+    state = tfe.TensorFlowState([weights], step=3)
+    # Node 0 is the source and node 1 matches it; node 2 (a newcomer) has one variable more.
+    _members_ahead(monkeypatch, _never_broadcast,
+                   layouts={2: [("weights:0", (1,), "float32"), ("extra:0", (), "float32")]})
+    with pytest.raises(GenerationEnded, match=r"\[2\]"):
+        state.sync()
