@@ -22,6 +22,8 @@ import tensorflow as tf
 EPOCHS, EXAMPLES, GLOBAL_BATCH = (int(a) for a in sys.argv[1:4])
 BATCH_SLEEP_S = float(sys.argv[4])
 REFERENCE = os.environ.get("KERAS_FIT_REFERENCE") == "1"
+# A misconfigured node: one weight more than the members (its sync must fail on its side only).
+EXTRA_WEIGHT = os.environ.get("KERAS_FIT_EXTRA_WEIGHT") == "1"
 
 if not REFERENCE:
     import tensorflow_elastic as tfe
@@ -54,6 +56,9 @@ class CountingModel(keras.Model):
                        else "only_first_replica")
         self.counts = self.add_weight(name="counts", shape=(EXAMPLES,), initializer="zeros",
                                       trainable=False, aggregation=aggregation)
+        if EXTRA_WEIGHT:
+            self.extra = self.add_weight(name="extra", shape=(3,), initializer="zeros",
+                                         trainable=False)
 
     def train_step(self, data):
         x, _ = data
@@ -68,7 +73,7 @@ rng = np.random.RandomState(0)
 with strategy.scope():
     model = CountingModel()
     model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
-                       if w.shape != (EXAMPLES,) else np.zeros(w.shape, np.float32)
+                       if w.shape not in ((EXAMPLES,), (3,)) else np.zeros(w.shape, np.float32)
                        for w in model.get_weights()])
     model.compile(keras.optimizers.SGD(0.05), "mse")
 

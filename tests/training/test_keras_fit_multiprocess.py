@@ -46,9 +46,11 @@ def _node(workers, node_id):
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
         orchestrator, start_workers, subprocess_env, legacy):
-    start = lambda count: start_workers(  # noqa: E731
-        orchestrator.endpoint, count, min_nodes=2, max_nodes=3,
-        script="training/keras_fit_worker.py", args=[*ARGS, "0.05"], env=_flavor_env(legacy))
+    def start(count, **env):
+        return start_workers(orchestrator.endpoint, count, min_nodes=2, max_nodes=4,
+                             script="training/keras_fit_worker.py", args=[*ARGS, "0.08"],
+                             env=dict(_flavor_env(legacy), **env))
+
     workers = start(3)
     for w in workers:
         w.wait_for_step(8)
@@ -60,8 +62,12 @@ def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
     chief = _node(survivors, min(w.node_id for w in survivors))
     chief.signal(signal.SIGKILL)
     second_newcomer = start(1)[0]
+    misfit = start(1, KERAS_FIT_EXTRA_WEIGHT="1")[0]
     second_newcomer.wait_for_step(2 * STEPS // 3)
     finishers = [w for w in survivors if w is not chief] + [first_newcomer, second_newcomer]
+    assert misfit.wait() != 0
+    assert "StateLayoutMismatch" in misfit.log_tail(), misfit.log_tail()
+    assert "extra" in misfit.log_tail(), misfit.log_tail()
     results = []
     for w in finishers:
         assert w.wait() == 0, w.log_tail()
