@@ -3,12 +3,13 @@
     tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 examples/keras_fit.py --epochs 5
 
 A small classifier on synthetic data (no downloads), built and compiled under
-the elastic strategy's scope and trained with `tfe.keras.fit_elastic`, which
-commits after every batch and, after a failure or a join, resumes from the
-last commit mid-epoch. The global batch (24) divides by every world size the
-job can have (1, 2 or 3 workers), because Keras reduces whole batches and
-needs the same per-worker batch shape on every worker. Each worker prints one
-line per epoch: `epoch E loss L accuracy A world W`.
+the elastic strategy's scope and trained with `tfe.keras.fit_elastic` from a
+plain batched `tf.data` pipeline: its `.batch(24)` is the global batch, cut
+elastically among the workers, and every example is trained on exactly once
+per epoch across failures and joins (docs/keras.md). The global batch (24)
+divides by every world size the job can have (1, 2 or 3 workers), so the
+weights are those of a single process training on the same batches. Each
+worker prints one line per epoch: `epoch E loss L accuracy A world W`.
 """
 
 import argparse
@@ -21,7 +22,6 @@ import tensorflow_elastic as tfe
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=5)
-parser.add_argument("--steps_per_epoch", type=int, default=50)
 parser.add_argument("--global_batch", type=int, default=24,
                     help="divisible by every world size the job can have")
 parser.add_argument("--batch_sleep", type=float, default=0.0,
@@ -36,7 +36,9 @@ strategy = tf.distribute.experimental.ElasticMultiWorkerMirroredStrategy()
 rng = np.random.RandomState(0)
 features = rng.randn(4096, FEATURES).astype(np.float32)
 labels = (features @ rng.randn(FEATURES).astype(np.float32) > 0).astype(np.int32)
-dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(args.global_batch)
+# drop_remainder: a last partial global batch would leave some workers an empty slice.
+dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(args.global_batch,
+                                                                       drop_remainder=True)
 
 keras = tf.keras
 with strategy.scope():
@@ -65,9 +67,8 @@ class Progress(keras.callbacks.Callback):
 
 @tfe.run
 def train(state):
-    tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs,
-                          steps_per_epoch=args.steps_per_epoch, callbacks=[Progress()], verbose=0,
-                          shuffle=False)
+    tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs, callbacks=[Progress()],
+                          verbose=0)
 
 
 train(state)
