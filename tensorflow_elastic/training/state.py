@@ -235,8 +235,9 @@ class KerasState(TensorFlowState):
 
 def _layout(variables: list[tf.Variable]) -> list[tuple[str, tuple, str]]:
     """What a sync needs equal on every member: each variable's name, shape and dtype, in order."""
-    return [(getattr(v, "path", None) or v.name, tuple(v.shape.as_list()), v.dtype.name)
-            for v in variables]
+    # Keras 3 variables give their shape as a tuple and their dtype as a string.
+    return [(getattr(v, "path", None) or v.name, tuple(tf.TensorShape(v.shape).as_list()),
+             tf.as_dtype(v.dtype).name) for v in variables]
 
 
 def _check_layouts(variables: list[tf.Variable], source: int) -> None:

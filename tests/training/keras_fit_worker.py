@@ -69,6 +69,9 @@ class CountingModel(keras.Model):
 
 
 dataset = tf.data.Dataset.range(EXAMPLES).map(make_example).batch(GLOBAL_BATCH)
+# Validation examples after the training ones, 4 global batches.
+validation = tf.data.Dataset.range(EXAMPLES, EXAMPLES + 4 * GLOBAL_BATCH).map(
+    make_example).batch(GLOBAL_BATCH)
 rng = np.random.RandomState(0)
 with strategy.scope():
     model = CountingModel()
@@ -82,16 +85,26 @@ def trained_weights():
     return [float(x) for w in model.trainable_weights for x in np.reshape(w.numpy(), -1)]
 
 
+class LastValidation(keras.callbacks.Callback):
+    """The validation loss of the last epoch (every member's, aggregated over all of them)."""
+
+    loss = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        LastValidation.loss = float(logs["val_loss"])
+
+
 def report_done():
     print(json.dumps({"done": True, "node": None if REFERENCE else runtime.node_id,
-                      "weights": trained_weights(),
+                      "weights": trained_weights(), "val_loss": LastValidation.loss,
                       "counts": [int(c) for c in model.counts.numpy()]}), flush=True)
     sys.stdout.flush()
     os._exit(0)
 
 
 if REFERENCE:
-    model.fit(dataset, epochs=EPOCHS, verbose=0, shuffle=False)
+    model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
+              callbacks=[LastValidation()])
     report_done()
 
 state = tfe.KerasState(model, model.optimizer, epoch=0, batch=0)
@@ -109,7 +122,8 @@ class Report(keras.callbacks.Callback):
 
 @tfe.run
 def train(state):
-    tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, callbacks=[Report()], verbose=0)
+    tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
+                          validation_data=validation, callbacks=[Report(), LastValidation()])
 
 
 train(state)

@@ -79,3 +79,6 @@ def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
     reference = _reference(subprocess_env, legacy)
     assert reference["counts"] == [EPOCHS] * EXAMPLES
     np.testing.assert_allclose(results[0]["weights"], reference["weights"], rtol=1e-4, atol=1e-5)
+    # Validation metrics are aggregated over all members: the whole validation set's loss.
+    for result in results:
+        assert result["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-3)
