@@ -21,6 +21,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -109,6 +110,8 @@ def _run(kind: str, args: argparse.Namespace, timeout: float = 600.0) -> float:
         while "listening on " not in line and time.monotonic() < deadline:
             line = orchestrator.stdout.readline()
         endpoint = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
+        # Keep reading what it prints, so that a full pipe never blocks it.
+        threading.Thread(target=orchestrator.stdout.read, daemon=True).start()
         envs = [dict(_env(), TFE_RDZV_ENDPOINT=endpoint, TFE_RUN_ID=f"bench-{time.time()}",
                      TFE_MIN_NODES=str(WORKERS), TFE_MAX_NODES=str(WORKERS))
                 for _ in range(WORKERS)]
