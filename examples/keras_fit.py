@@ -22,6 +22,7 @@ import tensorflow_elastic as tfe
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--epochs", type=int, default=5)
+parser.add_argument("--steps_per_epoch", type=int, default=50)
 parser.add_argument("--global_batch", type=int, default=24,
                     help="divisible by every world size the job can have")
 parser.add_argument("--batch_sleep", type=float, default=0.0,
@@ -36,9 +37,8 @@ strategy = tf.distribute.experimental.ElasticMultiWorkerMirroredStrategy()
 rng = np.random.RandomState(0)
 features = rng.randn(4096, FEATURES).astype(np.float32)
 labels = (features @ rng.randn(FEATURES).astype(np.float32) > 0).astype(np.int32)
-# drop_remainder: a last partial global batch would leave some workers an empty slice.
-dataset = tf.data.Dataset.from_tensor_slices((features, labels)).batch(args.global_batch,
-                                                                       drop_remainder=True)
+# Endless (repeat): an epoch is --steps_per_epoch global batches of the stream.
+dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(args.global_batch)
 
 keras = tf.keras
 with strategy.scope():
@@ -67,8 +67,8 @@ class Progress(keras.callbacks.Callback):
 
 @tfe.run
 def train(state):
-    tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs, callbacks=[Progress()],
-                          verbose=0)
+    tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs,
+                          steps_per_epoch=args.steps_per_epoch, callbacks=[Progress()], verbose=0)
 
 
 train(state)

@@ -48,8 +48,10 @@ def split_batches(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool]
         raise ValueError(
             f"the elastic strategy cuts the global batches of the input itself, so the input "
             f"must end with .batch(global_batch_size) (a prefetch after it is fine), but it ends "
-            f"with {type(node).__name__.lstrip('_')}: move that transformation before the batch, "
-            f"or call strategy.distribute_elastic_dataset(examples, global_batch_size) yourself")
+            f"with {type(node).__name__.lstrip('_')}: move that transformation before the batch "
+            f"(for NumPy arrays, which Keras turns into such a pipeline, pass "
+            f"tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)), or call "
+            f"strategy.distribute_elastic_dataset(examples, global_batch_size) in a custom loop")
     return (node._input_dataset, int(_constant(node._batch_size, "batch size")),
             bool(_constant(node._drop_remainder, "drop_remainder")))
 
