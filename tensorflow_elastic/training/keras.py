@@ -80,7 +80,11 @@ class ElasticCallback(tf.keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         self.state.batch = self.first_batch + batch + 1
-        if self.state.batch % self.commit_every == 0:
+        # The epoch's last batch is committed by on_epoch_end, with the epoch's end: a
+        # failure during validation then redoes that batch (rolled back) and the validation,
+        # rather than resuming at the end of a pass with nothing left to train.
+        last = self.steps_per_epoch is not None and self.state.batch >= self.steps_per_epoch
+        if self.state.batch % self.commit_every == 0 and not last:
             self.state.commit()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
