@@ -112,7 +112,8 @@ def _run(kind: str, args: argparse.Namespace, timeout: float = 600.0) -> float:
         endpoint = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
         # Keep reading what it prints, so that a full pipe never blocks it.
         threading.Thread(target=orchestrator.stdout.read, daemon=True).start()
-        envs = [dict(_env(), TFE_RDZV_ENDPOINT=endpoint, TFE_RUN_ID=f"bench-{time.time()}",
+        run_id = f"bench-{time.time()}"  # one job: the same run id for every worker
+        envs = [dict(_env(), TFE_RDZV_ENDPOINT=endpoint, TFE_RUN_ID=run_id,
                      TFE_MIN_NODES=str(WORKERS), TFE_MAX_NODES=str(WORKERS))
                 for _ in range(WORKERS)]
     else:
@@ -146,7 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--examples", type=int, default=19200)
+    parser.add_argument("--examples", type=int, default=12800)
     parser.add_argument("--global_batch", type=int, default=64)
     parser.add_argument("--worker", choices=["elastic", "stock"])
     args = parser.parse_args()
