@@ -169,7 +169,7 @@ def traced(owner, name: str) -> None:
 if args.trace:
     for owner, names in ((runtime, ("report_failure",)),
                          (runtime.session.client, ("join", "barrier", "synchronize")),
-                         (strategy.extended, ("regroup", "broadcast_from")),
+                         (strategy.extended, ("regroup", "broadcast_variables")),
                          (ChaosState, ("restore", "sync"))):
         for name in names:
             traced(owner, name)

@@ -70,7 +70,7 @@ with strategy.scope():
                                  tf.keras.layers.Dense(64, activation="relu"),
                                  tf.keras.layers.Dense(1)])
     model.compile("sgd", tf.keras.losses.BinaryCrossentropy(from_logits=True))
-model.fit(x, y, batch_size=48, epochs=1, verbose=0)
+model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(48), epochs=1, verbose=0)
 
 
 def make_keras_train_function():
@@ -78,7 +78,7 @@ def make_keras_train_function():
     return model.train_function
 
 
-dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(len(x))
 iterator = iter(strategy.experimental_distribute_dataset(dataset))
 mlp = [first_call_minus_steady(make_mlp_step, lambda f: f(x, y)) for _ in range(REPEATS)]
 keras = [first_call_minus_steady(make_keras_train_function, lambda f: f(iterator))

@@ -3,12 +3,13 @@
     tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 examples/keras_fit.py --epochs 5
 
 A small classifier on synthetic data (no downloads), built and compiled under
-the elastic strategy's scope and trained with `tfe.keras.fit_elastic`, which
-commits after every batch and, after a failure or a join, resumes from the
-last commit mid-epoch. The global batch (24) divides by every world size the
-job can have (1, 2 or 3 workers), because Keras reduces whole batches and
-needs the same per-worker batch shape on every worker. Each worker prints one
-line per epoch: `epoch E loss L accuracy A world W`.
+the elastic strategy's scope and trained with `tfe.keras.fit_elastic` from a
+plain batched `tf.data` pipeline: its `.batch(24)` is the global batch, cut
+elastically among the workers, and every example is trained on exactly once
+per epoch across failures and joins (docs/keras.md). The global batch (24)
+divides by every world size the job can have (1, 2 or 3 workers), so the
+weights are those of a single process training on the same batches. Each
+worker prints one line per epoch: `epoch E loss L accuracy A world W`.
 """
 
 import argparse
@@ -36,6 +37,7 @@ strategy = tf.distribute.experimental.ElasticMultiWorkerMirroredStrategy()
 rng = np.random.RandomState(0)
 features = rng.randn(4096, FEATURES).astype(np.float32)
 labels = (features @ rng.randn(FEATURES).astype(np.float32) > 0).astype(np.int32)
+# Endless (repeat): an epoch is --steps_per_epoch global batches of the stream.
 dataset = tf.data.Dataset.from_tensor_slices((features, labels)).repeat().batch(args.global_batch)
 
 keras = tf.keras
@@ -66,8 +68,7 @@ class Progress(keras.callbacks.Callback):
 @tfe.run
 def train(state):
     tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs,
-                          steps_per_epoch=args.steps_per_epoch, callbacks=[Progress()], verbose=0,
-                          shuffle=False)
+                          steps_per_epoch=args.steps_per_epoch, callbacks=[Progress()], verbose=0)
 
 
 train(state)

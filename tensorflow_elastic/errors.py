@@ -13,3 +13,8 @@ class GenerationEnded(Exception):
 
 class ElasticJobFailed(RuntimeError):
     """The job cannot go on (e.g. fewer than min_nodes for too long); the message says why."""
+
+
+class StateLayoutMismatch(RuntimeError):
+    """This node's state variables differ from the members' (names, shapes or dtypes): it cannot
+    take their state, so it leaves; the members re-form without it."""

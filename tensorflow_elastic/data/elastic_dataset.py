@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
+from tensorflow.python.ops import resource_variable_ops
 
 from tensorflow_elastic.ops import load_op_library
 
@@ -48,9 +49,14 @@ def _check_not_empty(dataset: tf.data.Dataset) -> None:
 
 
 def new_cursor_variable() -> tf.Variable:
-    """A fresh cursor at global batch 0, on the CPU, outside any function or strategy scope."""
+    """A fresh cursor at global batch 0, on the CPU, outside any function or strategy scope.
+
+    Built as a plain ResourceVariable: a strategy's scope (Keras distributes its
+    inputs inside it) would otherwise make it a mirrored variable.
+    """
     with tf.init_scope(), tf.device("/cpu:0"):
-        return tf.Variable(0, dtype=tf.int64, trainable=False, name=CURSOR_VARIABLE_NAME)
+        return resource_variable_ops.ResourceVariable(0, dtype=tf.int64, trainable=False,
+                                                      name=CURSOR_VARIABLE_NAME)
 
 
 class _ElasticBatchDataset(dataset_ops.UnaryDataset):

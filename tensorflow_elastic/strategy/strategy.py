@@ -80,6 +80,8 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
             self.rank_variable = variables.Variable(0, dtype=dtypes.int64, trainable=False,
                                                     name="elastic_rank")
         self.input_cursors: list = []
+        # The input most recently distributed for Keras (its training input at on_train_begin).
+        self.latest_input = None
         self._set_members(members, self._generation)
 
     def _set_members(self, members: Mapping[int, str], generation: int) -> None:
@@ -216,6 +218,36 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
                                       extended.rank_variable, drop_remainder=drop_remainder)
         extended.input_cursors.append(distributed.cursor)
         return distributed
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        """This worker's slices of the global batches of `dataset`, which ends with `.batch(G)`.
+
+        Keras `fit`, `evaluate` and `predict` call this. The examples before the
+        last batch are cut into global batches of G through the elastic input,
+        so the global batch stays G whatever the world size, and each new
+        iterator starts at the input's position (`seek`), which the elastic
+        Keras callback keeps at the committed batch: a `fit` called again after
+        a re-form continues the interrupted pass. Elements are this worker's
+        slice (plain tensors: one replica per worker).
+        """
+        from tensorflow_elastic.data.batched import distribute_batched
+
+        del options  # Prefetching to devices would read ahead of the cursor.
+        extended = self.extended
+        distributed = distribute_batched(dataset, extended.world_size_variable,
+                                         extended.rank_variable)
+        extended.latest_input = distributed
+        return distributed
+
+    def distribute_datasets_from_function(self, dataset_fn, options=None):
+        """`dataset_fn` called once for one input pipeline; its batches are the global batches.
+
+        The elastic input shards at run time, so the function must not shard
+        (the context says one pipeline) and batches by the global batch size.
+        """
+        context = distribute_lib.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                              num_replicas_in_sync=1)
+        return self.experimental_distribute_dataset(dataset_fn(context), options)
 
     @property
     def generation(self) -> int:

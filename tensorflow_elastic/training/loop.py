@@ -8,7 +8,8 @@ import logging
 import time
 from typing import Callable, TypeVar
 
-from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded, MembershipChanged
+from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, MembershipChanged,
+                                       StateLayoutMismatch)
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.strategy.cluster import is_recoverable
@@ -86,6 +87,10 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 if session.leave_requested:
                     session.leave("leave requested")
                     raise SystemExit(0)
+            except StateLayoutMismatch as error:
+                # Leaving at once lets the members re-form without this node.
+                session.leave(f"state layout differs: {error}")
+                raise
             except GenerationEnded:
                 if in_step:
                     raise

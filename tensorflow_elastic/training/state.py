@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
 import tensorflow as tf
 
-from tensorflow_elastic.errors import MembershipChanged
+from tensorflow_elastic.errors import GenerationEnded, MembershipChanged, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.strategy import runtime as runtime_lib
@@ -249,7 +249,8 @@ class TensorFlowState(State):
 
     def sync(self) -> None:
         """State.sync() plus the variables, broadcast from the member furthest ahead unless
-        every member is at the same commit (no newcomer).
+        every member is at the same commit (no newcomer). Before a broadcast, every member's
+        state layout is checked against the source's (see _check_layouts).
 
         Records a `state_synced` event (bytes moved, seconds) on every member.
         """
@@ -258,6 +259,7 @@ class TensorFlowState(State):
         # Members at the same commit hold the same variables (they ran the same steps from
         # the same sync, or restored the same snapshot): a crash or a leave moves nothing.
         if variables and not furthest.even:
+            _check_layouts(variables, furthest.source)
             session = runtime_lib.current().session
             started = time.perf_counter()
             _strategy().extended.broadcast_variables(variables,
@@ -276,7 +278,7 @@ class KerasState(TensorFlowState):
     def __init__(self, model, optimizer=None, **values: Any):
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_optimizer", optimizer)
-        if optimizer is not None and not getattr(optimizer, "built", True):
+        if optimizer is not None and not _optimizer_built(optimizer):
             # Slots must exist on every member before the first sync.
             with runtime_lib.current().strategy.scope():
                 optimizer.build(model.trainable_variables)
@@ -287,6 +289,49 @@ class KerasState(TensorFlowState):
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
         return variables
+
+
+def _layout(variables: list[tf.Variable]) -> list[tuple[str, tuple, str]]:
+    """What a sync needs equal on every member: each variable's name, shape and dtype, in order."""
+    # Keras 3 variables give their shape as a tuple and their dtype as a string.
+    return [(getattr(v, "path", None) or v.name, tuple(tf.TensorShape(v.shape).as_list()),
+             tf.as_dtype(v.dtype).name) for v in variables]
+
+
+def _check_layouts(variables: list[tf.Variable], source: int) -> None:
+    """Compares every member's state layout with the source's before any variable is sent.
+
+    A node whose layout differs raises StateLayoutMismatch naming the first
+    variable that differs (it then leaves); the others raise GenerationEnded
+    and re-form without it. Without this check the sync's all-reduce fails
+    on every member with a shape mismatch.
+    """
+    session = runtime_lib.current().session
+    layouts = {node_id: pickle.loads(blob) for node_id, blob in
+               session.exchange("layout", pickle.dumps(_layout(variables))).items()}
+    expected = layouts[source]
+    differing = sorted(node_id for node_id, layout in layouts.items() if layout != expected)
+    if not differing:
+        return
+    if session.node_id in differing:
+        mine = layouts[session.node_id]
+        first = next((i for i, (a, b) in enumerate(zip(mine, expected)) if a != b),
+                     min(len(mine), len(expected)))
+        have = mine[first] if first < len(mine) else "nothing"
+        want = expected[first] if first < len(expected) else "nothing"
+        raise StateLayoutMismatch(
+            f"this node's state differs from the members' at variable #{first}: it has {have}, "
+            f"the members have {want} ({len(mine)} vs {len(expected)} variables). Build the same "
+            f"model, optimizer and inputs on every node (same code, same order) before training")
+    raise GenerationEnded(f"node(s) {differing} hold a different state layout; they leave")
+
+
+def _optimizer_built(optimizer) -> bool:
+    """Whether the optimizer has its slots: Keras 3 says `built`, tf-keras `_built` (set only
+    once built); an optimizer without `build` builds its slots itself."""
+    if not callable(getattr(optimizer, "build", None)):
+        return True
+    return bool(getattr(optimizer, "built", getattr(optimizer, "_built", False)))
 
 
 def _extended():

@@ -14,6 +14,7 @@ import tensorflow_elastic as tfe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
 from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.training.state import furthest_ahead, in_step
 
 
@@ -107,13 +108,23 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def _members_ahead(monkeypatch, broadcast, events_file=None):
+def _members_ahead(monkeypatch, broadcast, events_file=None, layouts=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
-    is_source)` stands in for the collectives that give the variables node 0's values."""
+    is_source)` stands in for the collectives that give the variables node 0's values.
+    `layouts` (node -> layout) replaces the members' state layouts (default: all equal to node
+    1's)."""
     ahead = pickle.dumps(({"step": 7}, 7))
+
+    def exchange(topic, blob):
+        if topic != "layout":
+            return {0: ahead, 1: blob}
+        shared = {0: blob, 1: blob}
+        shared.update({node: pickle.dumps(layout) for node, layout in (layouts or {}).items()})
+        return shared
+
     session = SimpleNamespace(node_id=1, generation=2,
                               events=EventLog(events_file and str(events_file)),
-                              exchange=lambda topic, blob: {0: ahead, 1: blob})
+                              exchange=exchange)
     strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_variables=broadcast))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session, strategy=strategy))
@@ -247,8 +258,9 @@ def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
     session = SimpleNamespace(node_id=1, generation=1, events=EventLog(None),
-                              exchange=lambda topic, blob: {0: pickle.dumps(({"step": 0}, 0)),
-                                                            1: blob})
+                              exchange=lambda topic, blob: {
+                                  0: blob if topic == "layout" else pickle.dumps(({"step": 0}, 0)),
+                                  1: blob})
     broadcasts = []
     extended = SimpleNamespace(broadcast_variables=lambda v, is_source: broadcasts.append(is_source))
     monkeypatch.setattr(runtime_lib, "current",
@@ -257,3 +269,27 @@ def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ.
     assert broadcasts == [False]
+
+
+def _never_broadcast(tensors, is_source):
+    raise AssertionError("no variable may be sent when the layouts differ")
+
+
+def test_a_node_whose_variables_differ_from_the_members_says_which_and_takes_nothing(monkeypatch):
+    weights = tf.Variable([1.0], name="weights")
+    state = tfe.TensorFlowState([weights], step=3)
+    _members_ahead(monkeypatch, _never_broadcast,
+                   layouts={0: [("weights:0", (2,), "float32")]})
+    with pytest.raises(StateLayoutMismatch, match=r"weights:0', \(1,\).*weights:0', \(2,\)"):
+        state.sync()
+    assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])
+
+
+def test_members_re_form_without_a_node_whose_variables_differ(monkeypatch):
+    weights = tf.Variable([1.0], name="weights")
+    state = tfe.TensorFlowState([weights], step=3)
+    # Node 0 is the source and node 1 matches it; node 2 (a newcomer) has one variable more.
+    _members_ahead(monkeypatch, _never_broadcast,
+                   layouts={2: [("weights:0", (1,), "float32"), ("extra:0", (), "float32")]})
+    with pytest.raises(GenerationEnded, match=r"\[2\]"):
+        state.sync()

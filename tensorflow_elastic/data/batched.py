@@ -1,0 +1,94 @@
+"""A batched `tf.data.Dataset` (what Keras `fit` gets) cut into the same global batches elastically.
+
+Users hand `fit` the pipeline they already have, ending in `.batch(G)`. The
+strategy's `experimental_distribute_dataset` takes the examples before that
+batch and cuts global batches of G through the elastic input op, so every
+worker gets its slice of the same global batches whatever the world size.
+Where a pass starts is the input's *position* (in global batches), set by
+whoever knows how far training got (the elastic Keras callback): every new
+iterator starts there, so a `fit` called again after a re-form continues the
+interrupted pass instead of starting it over.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+from tensorflow.python.data.ops import batch_op, dataset_ops, prefetch_op
+from tensorflow.python.framework import tensor_util
+
+from tensorflow_elastic.data.elastic_dataset import ElasticDataset
+
+# Transformations after the batch that only buffer or set options: dropped, they
+# would read ahead of the training step (the elastic input must be the last one).
+_PASS_THROUGH = (prefetch_op._PrefetchDataset, dataset_ops._OptionsDataset)
+_BATCHES = (batch_op._BatchDataset, batch_op._ParallelBatchDataset)
+
+
+def _constant(tensor, what: str):
+    value = tensor_util.constant_value(tensor)
+    if value is None:
+        raise ValueError(f"the {what} of the input's last batch() must be a constant")
+    return value.item()
+
+
+def split_batches(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool]:
+    """(examples, global batch size, drop_remainder) of a dataset that ends with `.batch(G)`.
+
+    Raises ValueError, saying what to change, for a pipeline whose last
+    transformation (prefetch and options aside) is not a plain `batch`.
+    """
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"the elastic strategy distributes tf.data.Dataset inputs, got "
+                        f"{type(dataset).__name__}: wrap the data in tf.data.Dataset."
+                        f"from_tensor_slices(...).batch(global_batch_size)")
+    node = dataset
+    while isinstance(node, _PASS_THROUGH):
+        node = node._input_dataset
+    if not isinstance(node, _BATCHES):
+        raise ValueError(
+            f"the elastic strategy cuts the global batches of the input itself, so the input "
+            f"must end with .batch(global_batch_size) (a prefetch after it is fine), but it ends "
+            f"with {type(node).__name__.lstrip('_')}: move that transformation before the batch "
+            f"(for NumPy arrays, which Keras turns into such a pipeline, pass "
+            f"tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)), or call "
+            f"strategy.distribute_elastic_dataset(examples, global_batch_size) in a custom loop")
+    return (node._input_dataset, int(_constant(node._batch_size, "batch size")),
+            bool(_constant(node._drop_remainder, "drop_remainder")))
+
+
+class PositionedElasticDataset(ElasticDataset):
+    """An elastic dataset each of whose new iterators starts at `position` (in global batches).
+
+    For a finite input of known size a position counts from the start of a
+    pass; otherwise from the start of the (endless or unknown) stream.
+    """
+
+    def __init__(self, dataset: tf.data.Dataset, global_batch_size: int,
+                 world_size: tf.Variable, rank: tf.Variable, drop_remainder: bool):
+        super().__init__(dataset, global_batch_size, world_size, rank,
+                         drop_remainder=drop_remainder)
+        self.position = 0
+        examples = int(dataset.cardinality()) if tf.executing_eagerly() else -1
+        # Global batches in a pass; None for an endless input or one of unknown size.
+        self.batches_per_pass: int | None = None
+        if examples >= 0:
+            self.batches_per_pass = (examples // global_batch_size if drop_remainder
+                                     else -(-examples // global_batch_size))
+
+    def seek(self, position: int) -> None:
+        """Starts the next global batch (of this and every later iterator) at `position`."""
+        if position < 0:
+            raise ValueError(f"position must be >= 0, got {position}")
+        self.position = position
+        self.cursor.assign(position)
+
+    def __iter__(self):
+        self.cursor.assign(self.position)
+        return super().__iter__()
+
+
+def distribute_batched(dataset: tf.data.Dataset, world_size: tf.Variable,
+                       rank: tf.Variable) -> PositionedElasticDataset:
+    """This worker's slices of the global batches of the batched `dataset`; see `split_batches`."""
+    examples, global_batch_size, drop_remainder = split_batches(dataset)
+    return PositionedElasticDataset(examples, global_batch_size, world_size, rank, drop_remainder)

@@ -1,0 +1,130 @@
+"""A worker of the exactly-once Keras tests: `fit_elastic` over a batched tf.data input.
+
+`tf.keras` is Keras 3, or tf-keras when TF_USE_LEGACY_KERAS=1. Every example
+carries its id; a non-trainable weight counts, across all workers, how many
+times each id was trained on (only_first_replica + an explicit all-reduce,
+the way that counts correctly under a strategy).
+
+argv: epochs, examples, global batch, sleep per batch (s). With
+KERAS_FIT_REFERENCE=1 it trains the same model in one plain process, no
+strategy, over the same global batches (the result to compare with).
+Prints a JSON line per batch and a final {"done": ...} line.
+"""
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+EPOCHS, EXAMPLES, GLOBAL_BATCH = (int(a) for a in sys.argv[1:4])
+BATCH_SLEEP_S = float(sys.argv[4])
+REFERENCE = os.environ.get("KERAS_FIT_REFERENCE") == "1"
+# A misconfigured node: one weight more than the members (its sync must fail on its side only).
+EXTRA_WEIGHT = os.environ.get("KERAS_FIT_EXTRA_WEIGHT") == "1"
+
+if not REFERENCE:
+    import tensorflow_elastic as tfe
+
+    runtime = tfe.init()
+    strategy = tfe.ElasticMultiWorkerMirroredStrategy()
+else:
+    strategy = tf.distribute.get_strategy()
+
+keras = tf.keras
+LEGACY = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+
+
+def make_example(i):
+    x = tf.cast(i, tf.float32)
+    features = tf.stack([x, tf.sin(x), tf.cos(x * 0.7), tf.sin(x * 1.3), tf.cos(x * 0.1)])
+    return features, tf.sin(x * 0.5)
+
+
+class CountingModel(keras.Model):
+    """Dense regression on features[1:]; `counts[i]` = how often example i was trained on."""
+
+    def __init__(self):
+        inputs = keras.Input((5,))
+        hidden = keras.layers.Dense(8, activation="tanh")(inputs[:, 1:] if not LEGACY else
+                                                          keras.layers.Lambda(
+                                                              lambda t: t[:, 1:])(inputs))
+        super().__init__(inputs=inputs, outputs=keras.layers.Dense(1)(hidden))
+        aggregation = (tf.VariableAggregation.ONLY_FIRST_REPLICA if LEGACY
+                       else "only_first_replica")
+        self.counts = self.add_weight(name="counts", shape=(EXAMPLES,), initializer="zeros",
+                                      trainable=False, aggregation=aggregation)
+        if EXTRA_WEIGHT:
+            self.extra = self.add_weight(name="extra", shape=(3,), initializer="zeros",
+                                         trainable=False)
+
+    def train_step(self, data):
+        x, _ = data
+        ids = tf.cast(x[:, 0], tf.int32)
+        seen = tf.reduce_sum(tf.one_hot(ids, EXAMPLES), axis=0)
+        self.counts.assign_add(tf.distribute.get_replica_context().all_reduce("SUM", seen))
+        return super().train_step(data)
+
+
+dataset = tf.data.Dataset.range(EXAMPLES).map(make_example).batch(GLOBAL_BATCH)
+# Validation examples after the training ones, 4 global batches.
+validation = tf.data.Dataset.range(EXAMPLES, EXAMPLES + 4 * GLOBAL_BATCH).map(
+    make_example).batch(GLOBAL_BATCH)
+rng = np.random.RandomState(0)
+with strategy.scope():
+    model = CountingModel()
+    model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
+                       if w.shape not in ((EXAMPLES,), (3,)) else np.zeros(w.shape, np.float32)
+                       for w in model.get_weights()])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+
+
+def trained_weights():
+    return [float(x) for w in model.trainable_weights for x in np.reshape(w.numpy(), -1)]
+
+
+class LastValidation(keras.callbacks.Callback):
+    """The validation loss of the last epoch (every member's, aggregated over all of them)."""
+
+    loss = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        LastValidation.loss = float(logs["val_loss"])
+
+
+def report_done():
+    print(json.dumps({"done": True, "node": None if REFERENCE else runtime.node_id,
+                      "weights": trained_weights(), "val_loss": LastValidation.loss,
+                      "counts": [int(c) for c in model.counts.numpy()]}), flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if REFERENCE:
+    model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
+              callbacks=[LastValidation()])
+    report_done()
+
+state = tfe.KerasState(model, model.optimizer, epoch=0, batch=0)
+steps_per_epoch = int(dataset.cardinality())
+
+
+class Report(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        print(json.dumps({"node": runtime.node_id, "epoch": state.epoch, "batch": state.batch,
+                          "step": state.epoch * steps_per_epoch + state.batch,
+                          "world": runtime.membership.world_size,
+                          "generation": runtime.generation}), flush=True)
+        time.sleep(BATCH_SLEEP_S)
+
+
+@tfe.run
+def train(state):
+    tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
+                          validation_data=validation, callbacks=[Report(), LastValidation()])
+
+
+train(state)
+report_done()

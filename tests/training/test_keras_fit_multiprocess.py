@@ -1,0 +1,84 @@
+"""Keras `fit` under real membership changes: every example trained on exactly once per epoch.
+
+Real worker processes (tests/training/keras_fit_worker.py) train a Keras model
+with `fit_elastic` over a plain batched `tf.data` input, for Keras 3 and for
+tf-keras. A member and then the chief are SIGKILLed mid-epoch and new nodes
+join; the per-example counts the model keeps (summed over all workers inside
+the train step) must equal the number of epochs, all members must hold the
+same weights, and the weights must equal a single-process `fit` over the same
+global batches.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import TESTS_DIR
+
+pytestmark = pytest.mark.multiprocess
+
+EPOCHS, EXAMPLES, GLOBAL_BATCH = 3, 480, 12  # 40 global batches per epoch
+ARGS = [str(EPOCHS), str(EXAMPLES), str(GLOBAL_BATCH)]
+STEPS = EPOCHS * EXAMPLES // GLOBAL_BATCH
+
+
+def _flavor_env(legacy: bool) -> dict[str, str]:
+    return {"TF_USE_LEGACY_KERAS": "1" if legacy else "0"}
+
+
+def _reference(subprocess_env, legacy: bool) -> dict:
+    env = dict(subprocess_env, KERAS_FIT_REFERENCE="1", **_flavor_env(legacy))
+    out = subprocess.run([sys.executable, os.path.join(TESTS_DIR, "training/keras_fit_worker.py"),
+                          *ARGS, "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(next(line for line in out.stdout.splitlines() if '"done"' in line))
+
+
+def _node(workers, node_id):
+    return next(w for w in workers if w.node_id == node_id)
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
+def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
+        orchestrator, start_workers, subprocess_env, legacy):
+    def start(count, **env):
+        return start_workers(orchestrator.endpoint, count, min_nodes=2, max_nodes=4,
+                             script="training/keras_fit_worker.py", args=[*ARGS, "0.08"],
+                             env=dict(_flavor_env(legacy), **env))
+
+    workers = start(3)
+    for w in workers:
+        w.wait_for_step(8)
+    member = _node(workers, max(w.node_id for w in workers))
+    member.signal(signal.SIGKILL)
+    survivors = [w for w in workers if w is not member]
+    first_newcomer = start(1)[0]
+    first_newcomer.wait_for_step(STEPS // 3)
+    chief = _node(survivors, min(w.node_id for w in survivors))
+    chief.signal(signal.SIGKILL)
+    second_newcomer = start(1)[0]
+    misfit = start(1, KERAS_FIT_EXTRA_WEIGHT="1")[0]
+    second_newcomer.wait_for_step(2 * STEPS // 3)
+    finishers = [w for w in survivors if w is not chief] + [first_newcomer, second_newcomer]
+    assert misfit.wait() != 0
+    assert "StateLayoutMismatch" in misfit.log_tail(), misfit.log_tail()
+    assert "extra" in misfit.log_tail(), misfit.log_tail()
+    results = []
+    for w in finishers:
+        assert w.wait() == 0, w.log_tail()
+        assert w.result is not None, w.log_tail()
+        results.append(w.result)
+    for result in results:
+        assert result["counts"] == [EPOCHS] * EXAMPLES
+        assert result["weights"] == results[0]["weights"], "members disagree on the weights"
+    reference = _reference(subprocess_env, legacy)
+    assert reference["counts"] == [EPOCHS] * EXAMPLES
+    np.testing.assert_allclose(results[0]["weights"], reference["weights"], rtol=1e-4, atol=1e-5)
+    # Validation metrics are aggregated over all members: the whole validation set's loss.
+    for result in results:
+        assert result["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-3)
