@@ -28,7 +28,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 from tensorflow_elastic.observability import events  # noqa: E402
-from tests.etcd_server import EtcdServer  # noqa: E402
+from tools.etcd_server import EtcdServer  # noqa: E402
 
 WORKER = os.path.join(REPO_ROOT, "tests", "strategy", "elastic_worker.py")
 

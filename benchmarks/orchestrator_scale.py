@@ -240,7 +240,7 @@ def _compare_stores(args: argparse.Namespace) -> dict:
     through the new leader (a client given both replicas, as workers are)."""
     sys.path.insert(0, REPO_ROOT)
     from tensorflow_elastic.rendezvous import Client
-    from tests.etcd_server import EtcdServer
+    from tools.etcd_server import EtcdServer
 
     with tempfile.TemporaryDirectory() as tmp:
         server, endpoint = _start_orchestrator(args.heartbeat_timeout, "--state_dir",

@@ -15,7 +15,7 @@ from tensorflow_elastic.rendezvous.errors import NotLeaderError
 from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
 from tests.conftest import wait_until
-from tests.etcd_server import EtcdServer
+from tools.etcd_server import EtcdServer
 
 PREFIX = "/test"
 

@@ -11,7 +11,7 @@ import signal
 import pytest
 
 from tensorflow_elastic.observability import events
-from tests.etcd_server import EtcdServer
+from tools.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.multiprocess
 
