@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import pytest
 
 import tensorflow_elastic
+from tools.etcd_server import EtcdServer
 
 # Processes the tests start (orchestrators, launchers, workers) must import the
 # same tensorflow_elastic as the test itself: the checkout under pytest, the
@@ -122,6 +123,17 @@ def tls_files(tmp_path) -> tuple[str, str]:
                     "-keyout", str(key), "-out", str(cert)],
                    check=True, capture_output=True, timeout=60)
     return str(cert), str(key)
+
+
+@pytest.fixture
+def etcd_server(tmp_path):
+    """A real etcd (Debian's etcd-server, installed by install.sh) on free ports of 127.0.0.1."""
+    try:
+        server = EtcdServer(str(tmp_path / "etcd")).start()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    yield server
+    server.stop()
 
 
 @pytest.fixture

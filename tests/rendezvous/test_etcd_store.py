@@ -15,19 +15,8 @@ from tensorflow_elastic.rendezvous.errors import NotLeaderError
 from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
 from tests.conftest import wait_until
-from tools.etcd_server import EtcdServer
 
 PREFIX = "/test"
-
-
-@pytest.fixture
-def etcd_server(tmp_path):
-    try:
-        server = EtcdServer(str(tmp_path / "etcd")).start()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    yield server
-    server.stop()
 
 
 @pytest.fixture

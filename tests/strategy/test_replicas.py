@@ -11,22 +11,11 @@ import signal
 import pytest
 
 from tensorflow_elastic.observability import events
-from tools.etcd_server import EtcdServer
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 100
 LEADS = "leads now"
-
-
-@pytest.fixture
-def etcd_server(tmp_path):
-    try:
-        server = EtcdServer(str(tmp_path / "etcd")).start()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    yield server
-    server.kill()
 
 
 @pytest.fixture
