@@ -228,6 +228,17 @@ def newcomer_joined(job: ChaosJob, after: float, members: list[int], times: int)
     return None
 
 
+def kill_itself(job: ChaosJob, pid: int, where: str) -> float:
+    """Tells worker `pid` to SIGKILL itself at its next `where` ("commit" or "sync"); returns the
+    time it wrote just before the kill."""
+    with open(os.path.join(job.control, f"kill-{pid}"), "w") as f:
+        f.write(where)
+    killed = os.path.join(job.control, f"killed-{pid}")
+    wait(job, lambda: os.path.exists(killed), f"the kill in a {where}")
+    with open(killed) as f:
+        return float(f.read().split()[0])
+
+
 def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Fault:
     """Waits for the point the fault needs, inflicts it; returns it with its start time."""
     if kind in ("kill_sync_join", "kill_chief_join"):
@@ -239,13 +250,7 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
         if kind == "kill_sync_join":
             wait(job, lambda: newcomer_joined(job, gen["time"], members, 1), "a newcomer")
             victim = rng.choice(members)
-            pid = job.pid_of(victim)
-            with open(os.path.join(job.control, f"kill-{pid}"), "w") as f:
-                f.write("sync")
-            killed = os.path.join(job.control, f"killed-{pid}")
-            wait(job, lambda: os.path.exists(killed), "the kill in the sync")
-            with open(killed) as f:
-                t0 = float(f.read().split()[0])
+            t0 = kill_itself(job, job.pid_of(victim), "sync")
         else:
             wait(job, lambda: newcomer_joined(job, gen["time"], members, 2),
                  "a newcomer asking to join")
@@ -269,12 +274,7 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
             victim = min(members) if chief else rng.choice(members[1:])
         pid = job.pid_of(victim)
         if kind == "kill_commit":
-            with open(os.path.join(job.control, f"kill-{pid}"), "w") as f:
-                f.write("commit")
-            killed = os.path.join(job.control, f"killed-{pid}")
-            wait(job, lambda: os.path.exists(killed), "the kill in a commit")
-            with open(killed) as f:
-                t0 = float(f.read().split()[0])
+            t0 = kill_itself(job, pid, "commit")
         elif kind == "vanish":
             host = job.host_of(victim)
             last = max(r["t"] for r in job.steps() if r["node"] == victim)

@@ -20,6 +20,7 @@ import pytest
 
 import tensorflow_elastic
 from tools.etcd_server import EtcdServer
+from tools.netns import Hosts, NetnsUnavailable
 
 # Processes the tests start (orchestrators, launchers, workers) must import the
 # same tensorflow_elastic as the test itself: the checkout under pytest, the
@@ -134,6 +135,15 @@ def etcd_server(tmp_path):
         pytest.skip(str(e))
     yield server
     server.stop()
+
+
+def netns_hosts(n: int) -> Hosts:
+    """`n` hosts on network stacks of their own (tools/netns.py), or the test is skipped where
+    network namespaces are not permitted."""
+    try:
+        return Hosts(n)
+    except NetnsUnavailable as e:
+        pytest.skip(str(e))
 
 
 @pytest.fixture

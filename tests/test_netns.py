@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tools.netns import Hosts, NetnsUnavailable
+from tests.conftest import netns_hosts
+from tools.netns import Hosts
 
 # Connects to host 0's port 7000 with a 1 s timeout; prints "ok" or the error's class name.
 _CONNECT = ("import socket, sys\n"
@@ -23,11 +24,7 @@ _SERVE = ("import socket, time\n"
 
 @pytest.fixture
 def hosts():
-    try:
-        made = Hosts(2)
-    except NetnsUnavailable as e:
-        pytest.skip(str(e))
-    with made:
+    with netns_hosts(2) as made:
         yield made
 
 
@@ -48,10 +45,7 @@ def test_link_down_vanishes_without_reset_and_link_up_returns(hosts):
 
 
 def test_close_kills_processes_and_deletes_namespaces():
-    try:
-        hosts = Hosts(1)
-    except NetnsUnavailable as e:
-        pytest.skip(str(e))
+    hosts = netns_hosts(1)
     with hosts:
         proc = hosts.run(0, [sys.executable, "-c", "import time; time.sleep(600)"])
         names = list(hosts.names)

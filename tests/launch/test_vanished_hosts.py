@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tensorflow_elastic.observability import events
-from tools.netns import Hosts, NetnsUnavailable
 
+from tests.conftest import netns_hosts
 from tests.launch.conftest import ELASTIC_WORKER
 from tests.strategy.replay import replay
 
@@ -28,11 +28,7 @@ STEP_SLEEP_S = "0.05"
 
 @pytest.fixture
 def hosts():
-    try:
-        made = Hosts(4)
-    except NetnsUnavailable as e:
-        pytest.skip(str(e))
-    with made:
+    with netns_hosts(4) as made:
         yield made
 
 
