@@ -34,6 +34,8 @@ HEARTBEAT_INTERVAL = "TFE_HEARTBEAT_INTERVAL"  # seconds between two heartbeats 
 # Seconds a worker keeps calling an orchestrator that does not answer (restarting, failing
 # over to another replica) before a re-form gives up; a finished training returns anyway.
 ORCHESTRATOR_WAIT = "TFE_ORCHESTRATOR_WAIT"
+# Seconds a worker's interpreter may take to exit before it dumps its threads' stacks and ends.
+EXIT_TIMEOUT = "TFE_EXIT_TIMEOUT"
 
 # ---- parameter-server mode
 PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"

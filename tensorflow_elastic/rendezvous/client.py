@@ -91,10 +91,13 @@ class Client:
         self._closed = False
 
     def close(self) -> None:
+        """Ends heartbeats and watches: closing the channels first cuts a call in flight short."""
         self._closed = True
-        self.stop_heartbeats()
+        if self._heartbeats is not None:
+            self._heartbeats.stop(wait=False)
         for replica in self._replicas:
             replica.channel.close()
+        self.stop_heartbeats()
 
     @property
     def current_endpoint(self) -> str:
@@ -360,6 +363,8 @@ class _Heartbeats:
         try:
             self._beat()
         except Exception as e:  # noqa: BLE001 - the owner must hear why its heartbeats ended
+            if self._stop.is_set():
+                return  # stopped in the middle of a call: nobody waits for more
             self.error = e
             if self._on_stop is not None and isinstance(e, RendezvousError):
                 self._on_stop(e)  # the orchestrator's answer (removed, run failed): its owner says why
@@ -384,9 +389,9 @@ class _Heartbeats:
                 except Exception:  # noqa: BLE001 - a listener's bug must not silence the node
                     logger.exception("heartbeat listener failed; heartbeats go on")
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join()
 
 

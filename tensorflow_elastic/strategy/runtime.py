@@ -9,6 +9,8 @@ aborts its collectives when peers are lost.
 
 from __future__ import annotations
 
+import atexit
+import faulthandler
 import logging
 import signal
 import socket
@@ -26,6 +28,8 @@ from tensorflow_elastic.rendezvous.session import (DEFAULT_BARRIER_TIMEOUT_S,
 from tensorflow_elastic.strategy import cluster
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_EXIT_TIMEOUT_S = 30.0
 
 _runtime: "ElasticRuntime | None" = None
 _runtime_lock = threading.Lock()
@@ -55,6 +59,15 @@ class ElasticRuntime:
         # Peers are gone: stop waiting on them now rather than at the timeout.
         self.session.on_peers_lost(self._stop_collectives)
         self.session.start_watching()
+        atexit.register(self._exit)
+
+    def _exit(self) -> None:
+        """At interpreter exit, after success or a fatal error alike: stops this node's threads
+        and channels (a gRPC call left open in a daemon thread can hold the exit forever), under
+        a deadline that ends the process if anything else holds it."""
+        bound_exit(environment.number(environment.EXIT_TIMEOUT, DEFAULT_EXIT_TIMEOUT_S))
+        self.session.client.close()
+        self.session.close()
 
     def _serving_generation(self) -> int:
         """The generation TensorFlow's collectives run in (-1 before there is a strategy)."""
@@ -122,6 +135,16 @@ class ElasticRuntime:
         else:
             peers = cluster.unreachable_peers(membership.members, self.session.node_id)
         self.session.report_failure(peers, type(error).__name__, str(error))
+
+
+def bound_exit(timeout: float) -> None:
+    """Ends the process with exit code 1 (after writing every thread's stack to stderr) unless
+    it has ended within `timeout` seconds; an alarm a few seconds later backs this up for a hang
+    in native code after the interpreter is gone."""
+    faulthandler.dump_traceback_later(timeout, exit=True)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(int(timeout) + 5)
 
 
 def _reserve(address: str | None) -> tuple[str, socket.socket]:

@@ -1,6 +1,8 @@
 """The runtime's checks that need no cluster (a stand-in session; the rest runs in multi-process tests)."""
 
 import os
+import subprocess
+import sys
 import socket
 import threading
 import time
@@ -182,3 +184,15 @@ def test_no_probe_when_the_orchestrator_already_moved_on(serving_generation_3, m
     rt._stop_collectives("membership changed", 4)
     rt.report_failure(RuntimeError("collective aborted"))
     assert reported == [[]]
+
+
+def test_an_exit_that_hangs_is_ended_with_every_thread_s_stack(subprocess_env):
+    """The deadline `_exit` arms at interpreter exit: a process stuck past it ends with code 1."""
+    script = ("import threading\n"
+              "from tensorflow_elastic.strategy.runtime import bound_exit\n"
+              "bound_exit(1)\n"
+              "threading.Event().wait(120)\n")
+    done = subprocess.run([sys.executable, "-c", script], env=subprocess_env,
+                          capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1
+    assert "most recent call first" in done.stderr and "<string>" in done.stderr
