@@ -95,16 +95,22 @@ class Run:
         self._report_membership()
 
     def _start_timer(self) -> None:
-        """Starts the timer loop unless it runs (it ends when the run ends)."""
-        if self._timer is None or self._timer.done():
+        """Starts the timer loop unless it runs (it ends when the run ends) or the run halted."""
+        if not self._closed and (self._timer is None or self._timer.done()):
             self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
 
-    async def close(self) -> None:
-        """Stops the timer, ends the watch streams and waits for the saves under way."""
+    def halt(self) -> None:
+        """Stops deciding at once: no timer fires from now on (a replica that lost the lead
+        must not remove nodes whose streams its own shutdown just broke)."""
         self._closed = True
-        self._watch_wake = _woken(self._watch_wake)
         if self._timer is not None:
             self._timer.cancel()
+
+    async def close(self) -> None:
+        """Halts, ends the watch streams and waits for the timer and the saves under way."""
+        self.halt()
+        self._watch_wake = _woken(self._watch_wake)
+        if self._timer is not None:
             await asyncio.gather(self._timer, return_exceptions=True)
         await asyncio.gather(self._committer.wait(self._committer.last_ticket),
                              return_exceptions=True)

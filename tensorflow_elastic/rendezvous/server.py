@@ -226,6 +226,7 @@ class Orchestrator:
                         self._record_elected(election.identity, previous, service)
                 elif not election.leading and service is not None:
                     gate.handler = None
+                    service.halt()  # before the calls end: their broken streams decide nothing
                     self._events.record(ev.LEADER_LOST, replica=election.identity,
                                         cause=election.lost_cause)
                     await self._stop_server(server, grace=0)

@@ -109,6 +109,11 @@ class RendezvousService:
     def run_count(self) -> int:
         return len(self._runs)
 
+    def halt(self) -> None:
+        """Every run stops deciding at once (see Run.halt); close() follows."""
+        for run in self._runs.values():
+            run.halt()
+
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()

@@ -115,5 +115,8 @@ def test_etcd_restarted_the_replicas_wait_and_resume(replicas, etcd_server, star
     etcd_server.start()
     _check_finished(workers)
     assert all(w.steps[-1]["world"] == 3 for w in workers)
+    # Neither the replica that lost the lead (whose shutdown broke every watch stream) nor
+    # the new leader took a live member for a dead one.
+    assert _read(tmp_path, events.FAILURE_DETECTED) == []
     elected = _read(tmp_path, events.LEADER_ELECTED) + _read(tmp_path, events.ORCHESTRATOR_FAILOVER)
     assert len(elected) >= 2 and elected[-1]["runs"] == 1  # the new term loaded the run
