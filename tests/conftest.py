@@ -183,17 +183,23 @@ class Worker:
                    TFE_MIN_NODES=str(min_nodes), TFE_MAX_NODES=str(max_nodes),
                    TFE_EVENTS_FILE=events_file, TF_CPP_MIN_LOG_LEVEL="2")
         self.proc = subprocess.Popen([sys.executable, os.path.join(TESTS_DIR, script), *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=env)
         self.records: list[dict] = []
         self.output: list[str] = []
         self._new = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
+        # Records come on stdout alone: TensorFlow's native log lines on stderr could land in
+        # the middle of one.
+        self._readers = [threading.Thread(target=self._read, args=(stream, stream is self.proc.stdout),
+                                          daemon=True)
+                         for stream in (self.proc.stdout, self.proc.stderr)]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        for line in self.proc.stdout:
+    def _read(self, stream, records: bool) -> None:
+        for line in stream:
             self.output.append(line)
-            if line.startswith("{"):
+            if records and line.startswith("{"):
                 record = json.loads(line)
                 self.records.append(record)
                 self._new.put(record)
@@ -228,10 +234,14 @@ class Worker:
                 pass
 
     def wait(self, timeout: float = STEP_TIMEOUT_S) -> int:
+        """The exit code, once every line the worker wrote has been read."""
         try:
-            return self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"worker still running after {timeout} s:\n{self.log_tail()}")
+        for reader in self._readers:
+            reader.join(timeout=30)
+        return code
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
