@@ -5,6 +5,14 @@ carries its id; a non-trainable weight counts, across all workers, how many
 times each id was trained on (only_first_replica + an explicit all-reduce,
 the way that counts correctly under a strategy).
 
+The input is shuffled (`.shuffle` before the batch: the elastic input makes
+it a per-epoch order every member shares). A CSVLogger and a ModelCheckpoint
+write into KERAS_FIT_OUT (they must run on the current chief only). With
+KERAS_FIT_PLAIN=1 the worker calls a plain `model.fit` with the elastic
+callback (and wraps the file writers itself) instead of `fit_elastic`.
+KERAS_FIT_DIE_IN_SYNC=1 makes a newcomer SIGKILL itself in its state sync,
+when the members are about to send it their variables.
+
 argv: epochs, examples, global batch, sleep per batch (s). With
 KERAS_FIT_REFERENCE=1 it trains the same model in one plain process, no
 strategy, over the same global batches (the result to compare with).
@@ -13,6 +21,7 @@ Prints a JSON line per batch and a final {"done": ...} line.
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -24,6 +33,10 @@ BATCH_SLEEP_S = float(sys.argv[4])
 REFERENCE = os.environ.get("KERAS_FIT_REFERENCE") == "1"
 # A misconfigured node: one weight more than the members (its sync must fail on its side only).
 EXTRA_WEIGHT = os.environ.get("KERAS_FIT_EXTRA_WEIGHT") == "1"
+PLAIN_FIT = os.environ.get("KERAS_FIT_PLAIN") == "1"
+OUT = os.environ.get("KERAS_FIT_OUT", ".")
+CSV_PATH = os.path.join(OUT, "log.csv")
+CHECKPOINT_PATH = os.path.join(OUT, "model.weights.h5")
 
 if not REFERENCE:
     import tensorflow_elastic as tfe
@@ -68,7 +81,8 @@ class CountingModel(keras.Model):
         return super().train_step(data)
 
 
-dataset = tf.data.Dataset.range(EXAMPLES).map(make_example).batch(GLOBAL_BATCH)
+examples = tf.data.Dataset.range(EXAMPLES).map(make_example)
+dataset = examples.shuffle(EXAMPLES, seed=5).batch(GLOBAL_BATCH)
 # Validation examples after the training ones, 4 global batches.
 validation = tf.data.Dataset.range(EXAMPLES, EXAMPLES + 4 * GLOBAL_BATCH).map(
     make_example).batch(GLOBAL_BATCH)
@@ -81,8 +95,8 @@ with strategy.scope():
     model.compile(keras.optimizers.SGD(0.05), "mse")
 
 
-def trained_weights():
-    return [float(x) for w in model.trainable_weights for x in np.reshape(w.numpy(), -1)]
+def trained_weights(of=None):
+    return [float(x) for w in (of or model).trainable_weights for x in np.reshape(w.numpy(), -1)]
 
 
 class LastValidation(keras.callbacks.Callback):
@@ -94,18 +108,41 @@ class LastValidation(keras.callbacks.Callback):
         LastValidation.loss = float(logs["val_loss"])
 
 
+csv_logger = keras.callbacks.CSVLogger(CSV_PATH)
+checkpoint = keras.callbacks.ModelCheckpoint(CHECKPOINT_PATH, save_weights_only=True)
+
+
 def report_done():
-    print(json.dumps({"done": True, "node": None if REFERENCE else runtime.node_id,
-                      "weights": trained_weights(), "val_loss": LastValidation.loss,
-                      "counts": [int(c) for c in model.counts.numpy()]}), flush=True)
+    result = {"done": True, "node": None if REFERENCE else runtime.node_id,
+              "weights": trained_weights(), "val_loss": LastValidation.loss,
+              "counts": [int(c) for c in model.counts.numpy()],
+              "wrote_csv": getattr(csv_logger, "csv_file", None) is not None}
+    if not REFERENCE and runtime.node_id == runtime.membership.chief_id:
+        # A plain copy, outside the strategy, holds what the last checkpoint holds.
+        copy = CountingModel()
+        copy.load_weights(CHECKPOINT_PATH)
+        result["checkpoint_weights"] = trained_weights(copy)
+    print(json.dumps(result), flush=True)
     sys.stdout.flush()
     os._exit(0)
 
 
 if REFERENCE:
-    model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
-              callbacks=[LastValidation()])
+    from tensorflow_elastic.data.shuffle import split_shuffle
+
+    # The order the elastic input gives each epoch, one epoch at a time.
+    _, shuffle = split_shuffle(dataset._input_dataset)
+    for epoch in range(EPOCHS):
+        model.fit(shuffle.order(examples, epoch).batch(GLOBAL_BATCH), initial_epoch=epoch,
+                  epochs=epoch + 1, verbose=0, validation_data=validation,
+                  callbacks=[LastValidation()])
     report_done()
+
+if os.environ.get("KERAS_FIT_DIE_IN_SYNC") == "1":
+    def die(variables, is_source):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    strategy.extended.broadcast_variables = die
 
 state = tfe.KerasState(model, model.optimizer, epoch=0, batch=0)
 steps_per_epoch = int(dataset.cardinality())
@@ -122,8 +159,15 @@ class Report(keras.callbacks.Callback):
 
 @tfe.run
 def train(state):
-    tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
-                          validation_data=validation, callbacks=[Report(), LastValidation()])
+    if PLAIN_FIT:
+        model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
+                  callbacks=[tfe.keras.ElasticCallback(state), Report(), LastValidation(),
+                             tfe.keras.ChiefOnly(csv_logger, state),
+                             tfe.keras.ChiefOnly(checkpoint, state)])
+    else:
+        tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
+                              validation_data=validation,
+                              callbacks=[Report(), LastValidation(), csv_logger, checkpoint])
 
 
 train(state)
