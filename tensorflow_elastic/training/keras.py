@@ -12,7 +12,6 @@ re-form continues the interrupted pass: no example repeats or goes missing.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Callable, Iterable
 
 import tensorflow as tf
@@ -35,16 +34,24 @@ class ElasticCallback(tf.keras.callbacks.Callback):
     `fit_elastic` does. A commit is also where a membership change (a node
     joining or leaving) takes effect, so `commit_every` bounds both the work a
     crash can lose and how long a newcomer waits. `steps_per_epoch` is the
-    length of a whole epoch (default: the `fit` call's steps).
+    length of a whole epoch (default: the `fit` call's steps). With `backup`
+    (a file path), the chief writes the state there at every epoch's end
+    (`TensorFlowState.write`): a job restarted as a whole resumes from it
+    with `state.read(backup)` before training.
     """
 
-    def __init__(self, state: State, commit_every: int = 1, steps_per_epoch: int | None = None):
+    def __init__(self, state: State, commit_every: int = 1, steps_per_epoch: int | None = None,
+                 backup: str | None = None):
         super().__init__()
         if commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+        if backup is not None and not callable(getattr(state, "write", None)):
+            raise TypeError(f"a backup needs a state with variables (KerasState), got "
+                            f"{type(state).__name__}")
         self.state = state
         self.commit_every = commit_every
         self.steps_per_epoch = steps_per_epoch
+        self.backup = backup
         self._input = None
         # The batch the current epoch started at (the committed batch of a resumed epoch).
         self._first_batch = 0
@@ -87,17 +94,16 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             self.model._training_state = _ResumeAt(epoch, batch)
             self._numbered_from_first = True
         else:
-            # Keras 3 starts at model._initial_epoch (set by its BackupAndRestore callback too).
+            # Keras 3 starts at model._initial_epoch (set by its BackupAndRestore callback too),
+            # numbers the resumed epoch's batches from 0 and would run a whole epoch's worth:
+            # the callback stops it after its rest. (Letting a finite input run out instead
+            # would run one more, failing, step, whose ops that do not read the input, such
+            # as the optimizer's step counter, run all the same.)
             self.model._initial_epoch = epoch
-            # A finite input's pass ends by itself after the epoch's rest (Keras warns that
-            # the input ran out, which is what an elastic epoch's end is); an endless one is
-            # stopped at the epoch's length.
-            if batch > 0 and passes is not None:
-                warnings.filterwarnings("ignore", message="Your input ran out of data",
-                                        module="keras")
-            self._stop_resumed_epoch = batch > 0 and passes is None
+            self._stop_resumed_epoch = batch > 0
             if self._stop_resumed_epoch and not self.steps_per_epoch:
-                raise ValueError("resuming an epoch of an endless input needs steps_per_epoch")
+                raise ValueError("resuming an epoch of an input of unknown size needs "
+                                 "steps_per_epoch")
         if self._input is not None:
             # tf-keras makes the first epoch's iterator before on_epoch_begin.
             self._input.seek(self._position(epoch, batch), epoch)
@@ -130,6 +136,12 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             self.state.commit()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if (self.steps_per_epoch and self.state.batch < self.steps_per_epoch
+                and not self.model.stop_training):
+            raise RuntimeError(
+                f"epoch {epoch} ended after {self.state.batch} of its {self.steps_per_epoch} "
+                f"batches: with Keras 3, leave steps_per_epoch out for a finite input (given, "
+                f"Keras reuses the epoch's iterator and its count after a resumed epoch)")
         if self._stop_resumed_epoch:
             # The resumed epoch is over, not the training.
             self._stop_resumed_epoch = False
@@ -150,7 +162,12 @@ class ElasticCallback(tf.keras.callbacks.Callback):
     def _commit_epoch_end(self) -> None:
         if self._epoch_end_pending:
             self._epoch_end_pending = False
-            self.state.commit()
+            try:
+                self.state.commit()
+            finally:
+                # Also when the membership changes at this commit: it saved the epoch's end.
+                if self.backup is not None and _is_chief():
+                    self.state.write(self.backup)
 
 
 class _ResumeAt:
@@ -276,7 +293,7 @@ def _retrace_if_world_changed(model: Any, world: int) -> None:
 
 def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,
                 steps_per_epoch: int | None = None, callbacks: Iterable[Any] = (),
-                commit_every: int = 1, **fit_kwargs: Any) -> Any:
+                commit_every: int = 1, backup: str | None = None, **fit_kwargs: Any) -> Any:
     """`model.fit` from where `state` says training is (epoch, batch), to the end.
 
     `dataset` is the batched `tf.data.Dataset` a plain `fit` would get; its
@@ -284,14 +301,16 @@ def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,
     over a finite input. Called again by `tensorflow_elastic.run` after a
     re-form, it first finishes the interrupted epoch from the committed batch,
     then runs the remaining ones. Callbacks that write files (ModelCheckpoint,
-    TensorBoard, CSVLogger) run on the current chief only.
+    TensorBoard, CSVLogger) run on the current chief only. `backup`: see
+    `ElasticCallback`.
     """
     cardinality = int(dataset.cardinality())
     if steps_per_epoch is None and cardinality < 0:
         raise ValueError("the input is endless or of unknown size: pass steps_per_epoch")
     if steps_per_epoch is not None and steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-    elastic = ElasticCallback(state, commit_every, steps_per_epoch=steps_per_epoch or cardinality)
+    elastic = ElasticCallback(state, commit_every, steps_per_epoch=steps_per_epoch or cardinality,
+                              backup=backup)
     callbacks = [elastic, *(ChiefOnly(c, state) if isinstance(c, _FILE_WRITERS) else c
                             for c in callbacks)]
     # A finite input's epoch is its pass: Keras then makes a new iterator every epoch.

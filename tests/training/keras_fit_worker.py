@@ -11,7 +11,11 @@ write into KERAS_FIT_OUT (they must run on the current chief only). With
 KERAS_FIT_PLAIN=1 the worker calls a plain `model.fit` with the elastic
 callback (and wraps the file writers itself) instead of `fit_elastic`.
 KERAS_FIT_DIE_IN_SYNC=1 makes a newcomer SIGKILL itself in its state sync,
-when the members are about to send it their variables.
+when the members are about to send it their variables. KERAS_FIT_BACKUP=1: the
+chief writes the state to KERAS_FIT_OUT at every epoch's end, and a worker
+starting reads it from there first (a job restarted as a whole resumes).
+The learning rate decays with the optimizer's iterations (the global step). After
+training, every worker also runs `evaluate` and `predict` under the strategy.
 
 argv: epochs, examples, global batch, sleep per batch (s). With
 KERAS_FIT_REFERENCE=1 it trains the same model in one plain process, no
@@ -37,6 +41,7 @@ PLAIN_FIT = os.environ.get("KERAS_FIT_PLAIN") == "1"
 OUT = os.environ.get("KERAS_FIT_OUT", ".")
 CSV_PATH = os.path.join(OUT, "log.csv")
 CHECKPOINT_PATH = os.path.join(OUT, "model.weights.h5")
+BACKUP = os.path.join(OUT, "state.npz") if os.environ.get("KERAS_FIT_BACKUP") == "1" else None
 
 if not REFERENCE:
     import tensorflow_elastic as tfe
@@ -92,7 +97,8 @@ with strategy.scope():
     model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
                        if w.shape not in ((EXAMPLES,), (3,)) else np.zeros(w.shape, np.float32)
                        for w in model.get_weights()])
-    model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.compile(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(
+        0.05, decay_steps=EXAMPLES // GLOBAL_BATCH, decay_rate=0.5)), "mse")
 
 
 def trained_weights(of=None):
@@ -112,18 +118,31 @@ csv_logger = keras.callbacks.CSVLogger(CSV_PATH)
 checkpoint = keras.callbacks.ModelCheckpoint(CHECKPOINT_PATH, save_weights_only=True)
 
 
-def report_done():
+def evaluate_and_predict():
+    """`evaluate` and `predict` over the validation set (under the strategy every member takes
+    part, inside the elastic run: its members leave when it is over)."""
+    return model.evaluate(validation, verbose=0), model.predict(validation, verbose=0)
+
+
+def report_done(evaluated, predicted):
     result = {"done": True, "node": None if REFERENCE else runtime.node_id,
               "weights": trained_weights(), "val_loss": LastValidation.loss,
-              "counts": [int(c) for c in model.counts.numpy()],
+              "evaluated": float(evaluated), "iterations": int(model.optimizer.iterations.numpy()),
+              "predicted": [float(x) for x in np.reshape(predicted, -1)],
+              # How many examples were trained on how many times: {"3": 480} is exactly once.
+              "counts": {str(int(c)): int(n) for c, n in zip(*np.unique(model.counts.numpy(),
+                                                                    return_counts=True))},
               "wrote_csv": getattr(csv_logger, "csv_file", None) is not None}
     if not REFERENCE and runtime.node_id == runtime.membership.chief_id:
         # A plain copy, outside the strategy, holds what the last checkpoint holds.
         copy = CountingModel()
         copy.load_weights(CHECKPOINT_PATH)
         result["checkpoint_weights"] = trained_weights(copy)
-    print(json.dumps(result), flush=True)
+    line = (json.dumps(result) + "\n").encode()
+    # One write of less than a pipe's atomic size: TensorFlow's threads write to the same pipe.
+    assert len(line) < 4096, len(line)
     sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line)
     os._exit(0)
 
 
@@ -136,7 +155,7 @@ if REFERENCE:
         model.fit(shuffle.order(examples, epoch).batch(GLOBAL_BATCH), initial_epoch=epoch,
                   epochs=epoch + 1, verbose=0, validation_data=validation,
                   callbacks=[LastValidation()])
-    report_done()
+    report_done(*evaluate_and_predict())
 
 if os.environ.get("KERAS_FIT_DIE_IN_SYNC") == "1":
     def die(variables, is_source):
@@ -161,14 +180,17 @@ class Report(keras.callbacks.Callback):
 def train(state):
     if PLAIN_FIT:
         model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
-                  callbacks=[tfe.keras.ElasticCallback(state), Report(), LastValidation(),
+                  callbacks=[tfe.keras.ElasticCallback(state, backup=BACKUP), Report(),
+                             LastValidation(),
                              tfe.keras.ChiefOnly(csv_logger, state),
                              tfe.keras.ChiefOnly(checkpoint, state)])
     else:
         tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
-                              validation_data=validation,
+                              validation_data=validation, backup=BACKUP,
                               callbacks=[Report(), LastValidation(), csv_logger, checkpoint])
+    return evaluate_and_predict()
 
 
-train(state)
-report_done()
+if BACKUP is not None:
+    state.read(BACKUP)
+report_done(*train(state))
