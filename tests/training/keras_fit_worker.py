@@ -11,7 +11,10 @@ write into KERAS_FIT_OUT (they must run on the current chief only). With
 KERAS_FIT_PLAIN=1 the worker calls a plain `model.fit` with the elastic
 callback (and wraps the file writers itself) instead of `fit_elastic`.
 KERAS_FIT_DIE_IN_SYNC=1 makes a newcomer SIGKILL itself in its state sync,
-when the members are about to send it their variables. KERAS_FIT_BACKUP=1: the
+when the members are about to send it their variables; with
+KERAS_FIT_BAD_SYNC=1 a newcomer receives its first variable with a shape other
+than the members send (a state that differs past the layout check): the
+broadcast fails with InvalidArgumentError on both sides. KERAS_FIT_BACKUP=1: the
 chief writes the state to KERAS_FIT_OUT at every epoch's end, and a worker
 starting reads it from there first (a job restarted as a whole resumes).
 The learning rate decays with the optimizer's iterations (the global step). After
@@ -162,6 +165,16 @@ if os.environ.get("KERAS_FIT_DIE_IN_SYNC") == "1":
         os.kill(os.getpid(), signal.SIGKILL)
 
     strategy.extended.broadcast_variables = die
+
+if os.environ.get("KERAS_FIT_BAD_SYNC") == "1":
+    broadcast = strategy.extended.broadcast_variables
+    with tf.device("/cpu:0"):
+        misshapen = tf.Variable(tf.zeros([7]))
+
+    def broadcast_misshapen(variables, is_source):
+        broadcast([misshapen, *variables[1:]], is_source)
+
+    strategy.extended.broadcast_variables = broadcast_misshapen
 
 state = tfe.KerasState(model, model.optimizer, epoch=0, batch=0)
 steps_per_epoch = int(dataset.cardinality())

@@ -4,7 +4,8 @@ Real worker processes (tests/training/keras_fit_worker.py) train a Keras model
 over a plain batched and shuffled `tf.data` input: with `fit_elastic` under
 Keras 3, with a plain `model.fit` and the elastic callback under tf-keras. A
 member and then the chief are SIGKILLed mid-epoch and new nodes join, with a
-misconfigured node and a newcomer that dies in its state sync; the
+misconfigured node, a newcomer that dies in its state sync and one whose sync
+fails with a shape mismatch (InvalidArgumentError) past the layout check; the
 per-example counts the model keeps (summed over all workers inside the train
 step) must equal the number of epochs, all members must hold the same
 weights, and the weights must equal a single-process `fit` over the same
@@ -76,7 +77,7 @@ def _node(workers, node_id):
 def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
         orchestrator, start_workers, subprocess_env, tmp_path, legacy):
     def start(count, **env):
-        return start_workers(orchestrator.endpoint, count, min_nodes=2, max_nodes=5,
+        return start_workers(orchestrator.endpoint, count, min_nodes=2, max_nodes=6,
                              script="training/keras_fit_worker.py", args=[*ARGS, "0.08"],
                              env=dict(_flavor_env(legacy), KERAS_FIT_OUT=str(tmp_path), **env))
 
@@ -93,12 +94,15 @@ def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
     second_newcomer = start(1)[0]
     misfit = start(1, KERAS_FIT_EXTRA_WEIGHT="1")[0]
     dying = start(1, KERAS_FIT_DIE_IN_SYNC="1")[0]
+    misshapen = start(1, KERAS_FIT_BAD_SYNC="1")[0]
     second_newcomer.wait_for_step(2 * STEPS // 3)
     finishers = [w for w in survivors if w is not chief] + [first_newcomer, second_newcomer]
     assert misfit.wait() != 0
     assert "StateLayoutMismatch" in misfit.log_tail(), misfit.log_tail()
     assert "extra" in misfit.log_tail(), misfit.log_tail()
     assert dying.wait() == -signal.SIGKILL, dying.log_tail()
+    assert misshapen.wait() != 0
+    assert "could not be synced from the members'" in misshapen.log_tail(), misshapen.log_tail()
     results = _results(finishers)
     _check_against_the_reference(results, _reference(subprocess_env, legacy))
     _check_files_of_the_current_chief(tmp_path, results, min(w.node_id for w in finishers))
