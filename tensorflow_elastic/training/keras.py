@@ -155,8 +155,11 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             self._input.seek(self._position(epoch + 1, 0), epoch + 1)
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        self.model._training_state = None
-        self.model._initial_epoch = None
+        # A later fit without this callback starts where its own arguments say.
+        if _is_tf_keras(self.model):
+            self.model._training_state = None
+        else:
+            self.model._initial_epoch = None
         self._commit_epoch_end()
 
     def _commit_epoch_end(self) -> None:
@@ -206,6 +209,8 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         self.state = state
         self._everywhere = _is_tf_keras(callback) and isinstance(
             callback, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.TensorBoard))
+        # tf-keras hands logs as tensors only to callbacks that take them.
+        self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
 
     def set_model(self, model: Any) -> None:
         super().set_model(model)
@@ -235,9 +240,21 @@ def _on_chief(name: str) -> Callable[..., None]:
     return hook
 
 
+def _asks_wrapped(name: str) -> Callable[..., bool]:
+    def implements(self: ChiefOnly) -> bool:
+        return getattr(self.callback, name)()
+
+    implements.__name__ = name
+    return implements
+
+
 for _hook in dir(tf.keras.callbacks.Callback):
     if _hook.startswith("on_") and _hook != "on_train_begin":
         setattr(ChiefOnly, _hook, _on_chief(_hook))
+    elif _hook.startswith("_implements_"):
+        # tf-keras calls a callback's batch hooks (and waits for each batch's logs) only
+        # when it implements them: as the wrapped callback does.
+        setattr(ChiefOnly, _hook, _asks_wrapped(_hook))
 
 
 def _is_chief() -> bool:
