@@ -130,6 +130,10 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # validation then redoes that batch (rolled back) and the validation, rather than
         # resuming at the end of a pass with nothing left to train.
         last = self.steps_per_epoch is not None and self.state.batch >= self.steps_per_epoch
+        if last and self._input is not None:
+            # Keras may make the next epoch's iterator before that epoch's on_epoch_begin
+            # (tf-keras always, Keras 3 given steps_per_epoch): it reads the next epoch's order.
+            self._input.seek(self._position(self.state.epoch + 1, 0), self.state.epoch + 1)
         if last and self._stop_resumed_epoch:
             self.model.stop_training = True
         elif self.state.batch % self.commit_every == 0 and not last:
@@ -150,9 +154,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self.state.batch = 0
         self._first_batch = 0
         self._epoch_end_pending = True
-        if self._input is not None:
-            # tf-keras makes the next epoch's iterator before that epoch's on_epoch_begin.
-            self._input.seek(self._position(epoch + 1, 0), epoch + 1)
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # A later fit without this callback starts where its own arguments say.
