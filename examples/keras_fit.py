@@ -10,6 +10,10 @@ per epoch across failures and joins (docs/keras.md). The global batch (24)
 divides by every world size the job can have (1, 2 or 3 workers), so the
 weights are those of a single process training on the same batches. Each
 worker prints one line per epoch: `epoch E loss L accuracy A world W`.
+
+With --plain_fit the same training is a plain `model.fit` with the elastic
+callback first in its list: an existing script needs only `@tfe.run` and that
+callback. --csv_log PATH logs the epochs' metrics from the current chief only.
 """
 
 import argparse
@@ -27,6 +31,9 @@ parser.add_argument("--global_batch", type=int, default=24,
                     help="divisible by every world size the job can have")
 parser.add_argument("--batch_sleep", type=float, default=0.0,
                     help="seconds of extra work per batch, to make a demo watchable")
+parser.add_argument("--plain_fit", action="store_true",
+                    help="model.fit with tfe.keras.ElasticCallback instead of fit_elastic")
+parser.add_argument("--csv_log", help="a CSV file of the epochs' metrics (the chief writes it)")
 args = parser.parse_args()
 
 FEATURES = 16
@@ -65,10 +72,21 @@ class Progress(keras.callbacks.Callback):
               f"world {runtime.membership.world_size}", flush=True)
 
 
+callbacks = [Progress()]
+if args.csv_log:
+    # ChiefOnly: the current chief writes it, a new chief appends to it.
+    callbacks.append(tfe.keras.ChiefOnly(keras.callbacks.CSVLogger(args.csv_log), state))
+
+
 @tfe.run
 def train(state):
-    tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs,
-                          steps_per_epoch=args.steps_per_epoch, callbacks=[Progress()], verbose=0)
+    if args.plain_fit:
+        model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, verbose=0,
+                  callbacks=[tfe.keras.ElasticCallback(state), *callbacks])
+    else:
+        tfe.keras.fit_elastic(model, state, dataset, epochs=args.epochs,
+                              steps_per_epoch=args.steps_per_epoch, callbacks=callbacks,
+                              verbose=0)
 
 
 train(state)

@@ -7,7 +7,9 @@ worker gets its slice of the same global batches whatever the world size.
 Where a pass starts is the input's *position* (in global batches), set by
 whoever knows how far training got (the elastic Keras callback): every new
 iterator starts there, so a `fit` called again after a re-form continues the
-interrupted pass instead of starting it over.
+interrupted pass instead of starting it over. A `.shuffle` right before that
+batch becomes a permutation of the pass seeded by the epoch (data/shuffle.py),
+which the position also names: (epoch, global batch).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tensorflow.python.data.ops import batch_op, dataset_ops, prefetch_op
 from tensorflow.python.framework import tensor_util
 
 from tensorflow_elastic.data.elastic_dataset import ElasticDataset
+from tensorflow_elastic.data.shuffle import Shuffle, split_shuffle
 
 # Transformations after the batch that only buffer or set options: dropped, they
 # would read ahead of the training step (the elastic input must be the last one).
@@ -60,14 +63,22 @@ class PositionedElasticDataset(ElasticDataset):
     """An elastic dataset each of whose new iterators starts at `position` (in global batches).
 
     For a finite input of known size a position counts from the start of a
-    pass; otherwise from the start of the (endless or unknown) stream.
+    pass; otherwise from the start of the (endless or unknown) stream. With a
+    `shuffle`, a new iterator reads the examples in the order of the epoch
+    last given to `seek`.
     """
 
     def __init__(self, dataset: tf.data.Dataset, global_batch_size: int,
-                 world_size: tf.Variable, rank: tf.Variable, drop_remainder: bool):
-        super().__init__(dataset, global_batch_size, world_size, rank,
-                         drop_remainder=drop_remainder)
+                 world_size: tf.Variable, rank: tf.Variable, drop_remainder: bool,
+                 shuffle: Shuffle | None = None):
+        self._examples = dataset
+        self._shuffle = shuffle
+        super().__init__(dataset if shuffle is None else shuffle.order(dataset, 0),
+                         global_batch_size, world_size, rank, drop_remainder=drop_remainder)
         self.position = 0
+        self.epoch = 0
+        # (epoch, the elastic dataset over that epoch's order), sharing this cursor.
+        self._epoch_input: tuple[int, ElasticDataset] | None = None
         examples = int(dataset.cardinality()) if tf.executing_eagerly() else -1
         # Global batches in a pass; None for an endless input or one of unknown size.
         self.batches_per_pass: int | None = None
@@ -75,20 +86,32 @@ class PositionedElasticDataset(ElasticDataset):
             self.batches_per_pass = (examples // global_batch_size if drop_remainder
                                      else -(-examples // global_batch_size))
 
-    def seek(self, position: int) -> None:
-        """Starts the next global batch (of this and every later iterator) at `position`."""
-        if position < 0:
-            raise ValueError(f"position must be >= 0, got {position}")
+    def seek(self, position: int, epoch: int = 0) -> None:
+        """Starts the next global batch (of this and every later iterator) at `position`; a new
+        iterator of a shuffled input reads `epoch`'s order."""
+        if position < 0 or epoch < 0:
+            raise ValueError(f"position and epoch must be >= 0, got {position} and {epoch}")
         self.position = position
+        self.epoch = epoch
         self.cursor.assign(position)
 
     def __iter__(self):
         self.cursor.assign(self.position)
-        return super().__iter__()
+        # Epoch 0's order (or the one order of a shuffle that does not reshuffle) is this
+        # dataset's own.
+        if self._shuffle is None or not self._shuffle.reshuffle_each_epoch or self.epoch == 0:
+            return super().__iter__()
+        if self._epoch_input is None or self._epoch_input[0] != self.epoch:
+            self._epoch_input = (self.epoch, ElasticDataset(
+                self._shuffle.order(self._examples, self.epoch), self.global_batch_size,
+                self.world_size, self.rank, self.cursor, self.drop_remainder))
+        return iter(self._epoch_input[1])
 
 
 def distribute_batched(dataset: tf.data.Dataset, world_size: tf.Variable,
                        rank: tf.Variable) -> PositionedElasticDataset:
     """This worker's slices of the global batches of the batched `dataset`; see `split_batches`."""
     examples, global_batch_size, drop_remainder = split_batches(dataset)
-    return PositionedElasticDataset(examples, global_batch_size, world_size, rank, drop_remainder)
+    examples, shuffle = split_shuffle(examples)
+    return PositionedElasticDataset(examples, global_batch_size, world_size, rank, drop_remainder,
+                                    shuffle)

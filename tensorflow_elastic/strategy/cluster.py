@@ -106,3 +106,11 @@ def is_recoverable(error: BaseException) -> bool:
 
     return isinstance(error, (errors.UnavailableError, errors.DeadlineExceededError,
                               errors.AbortedError, errors.CancelledError))
+
+
+def is_mismatch(error: BaseException) -> bool:
+    """A collective whose members disagree on what they exchange (shapes, sizes): in a state sync,
+    a newcomer's state that differs in a way its variable layout did not show."""
+    from tensorflow.python.framework import errors
+
+    return isinstance(error, errors.InvalidArgumentError)

@@ -87,6 +87,33 @@ class ElasticReplicaLauncher(cross_device_utils.CollectiveReplicaLauncher):
         """Instance keys from now on come from `collective_keys` (a new generation's)."""
         self._collective_keys = collective_keys
 
+    def all_gather(self, input_tensor, axis, options=None):
+        """Every member's `input_tensor` concatenated along `axis` (lengths along it may differ).
+
+        Pads each part to the longest, gathers, and drops the padding with a
+        mask: the stock launcher drops it with a Python loop over the group
+        size, which is a runtime value here (Keras' multi-worker `predict`
+        gathers its outputs this way).
+        """
+        if context.executing_eagerly():
+            raise RuntimeError("all_gather is not supported in eager mode.")
+        with ops.device(self._device), ops.control_dependencies([array_ops.identity(input_tensor)]):
+            rank = array_ops.rank(input_tensor)
+            # The gathered axis first, and back at the end.
+            moved = array_ops.transpose(input_tensor, perm=array_ops.concat(
+                ([axis], math_ops.range(axis), math_ops.range(axis + 1, rank)), axis=0))
+            lengths = self._all_gather(array_ops.shape_v2(moved)[:1], options)
+            longest = math_ops.reduce_max(lengths)
+            padding = array_ops.concat(
+                ([[0, longest - array_ops.shape_v2(moved)[0]]],
+                 array_ops.zeros([rank - 1, 2], dtype=lengths.dtype)), axis=0)
+            gathered = self._all_gather(array_ops.pad(moved, padding), options)
+            per_member = array_ops.reshape(gathered, array_ops.concat(
+                ([-1, longest], array_ops.shape_v2(moved)[1:]), axis=0))
+            kept = array_ops.boolean_mask(per_member, array_ops.sequence_mask(lengths, longest))
+            return array_ops.transpose(kept, perm=array_ops.concat(
+                (math_ops.range(1, axis + 1), [0], math_ops.range(axis + 1, rank)), axis=0))
+
 
 def _densify(value):
     """Sparse gradients are reduced dense: their all-gather path needs the world size at trace time."""

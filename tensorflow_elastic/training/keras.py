@@ -12,7 +12,7 @@ re-form continues the interrupted pass: no example repeats or goes missing.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
@@ -25,25 +25,42 @@ _traced_world: dict[int, int] = {}
 
 
 class ElasticCallback(tf.keras.callbacks.Callback):
-    """Keeps `state.epoch` and `state.batch` current, commits every `commit_every` batches, and
-    starts the training input of every epoch at the committed batch.
+    """Resumes `fit` where `state` says training is, keeps `state.epoch` and `state.batch`
+    current, commits every `commit_every` batches, and starts the training input of every
+    epoch at the committed batch.
 
-    A commit is also where a membership change (a node joining or leaving)
-    takes effect, so `commit_every` bounds both the work a crash can lose and
-    how long a newcomer waits. `steps_per_epoch` is the length of a whole
-    epoch (default: the `fit` call's steps).
+    A plain `model.fit(dataset, epochs=...)` inside `@tfe.run` with this
+    callback continues after a re-form from the committed (epoch, batch), as
+    `fit_elastic` does. A commit is also where a membership change (a node
+    joining or leaving) takes effect, so `commit_every` bounds both the work a
+    crash can lose and how long a newcomer waits. `steps_per_epoch` is the
+    length of a whole epoch (default: the `fit` call's steps). With `backup`
+    (a file path), the chief writes the state there at every epoch's end
+    (`TensorFlowState.write`): a job restarted as a whole resumes from it
+    with `state.read(backup)` before training.
     """
 
-    def __init__(self, state: State, commit_every: int = 1, first_batch: int = 0,
-                 steps_per_epoch: int | None = None):
+    def __init__(self, state: State, commit_every: int = 1, steps_per_epoch: int | None = None,
+                 backup: str | None = None):
         super().__init__()
         if commit_every < 1:
             raise ValueError(f"commit_every must be >= 1, got {commit_every}")
+        if backup is not None and not callable(getattr(state, "write", None)):
+            raise TypeError(f"a backup needs a state with variables (KerasState), got "
+                            f"{type(state).__name__}")
         self.state = state
         self.commit_every = commit_every
-        self.first_batch = first_batch
         self.steps_per_epoch = steps_per_epoch
+        self.backup = backup
         self._input = None
+        # The batch the current epoch started at (the committed batch of a resumed epoch).
+        self._first_batch = 0
+        # Keras numbers a resumed epoch's batches from 0 (Keras 3) or from its first (tf-keras).
+        self._numbered_from_first = False
+        self._stop_resumed_epoch = False
+        # An epoch's end is committed after every callback's on_epoch_end (file writers
+        # included), at the next epoch's start or the training's end.
+        self._epoch_end_pending = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = runtime_lib.current().strategy
@@ -65,11 +82,39 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         if self._input is not None:
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
+        self._resume(passes)
+
+    def _resume(self, passes: int | None) -> None:
+        """Makes this `fit` start at the committed (epoch, batch) rather than its initial epoch."""
+        epoch, batch = self.state.epoch, self.state.batch
+        self._first_batch = batch
+        if _is_tf_keras(self.model):
+            # tf-keras asks this object for the (epoch, step) to start at, after on_train_begin
+            # (what its BackupAndRestore callback does), and runs only the epoch's rest.
+            self.model._training_state = _ResumeAt(epoch, batch)
+            self._numbered_from_first = True
+        else:
+            # Keras 3 starts at model._initial_epoch (set by its BackupAndRestore callback too),
+            # numbers the resumed epoch's batches from 0 and would run a whole epoch's worth:
+            # the callback stops it after its rest. (Letting a finite input run out instead
+            # would run one more, failing, step, whose ops that do not read the input, such
+            # as the optimizer's step counter, run all the same.)
+            self.model._initial_epoch = epoch
+            self._stop_resumed_epoch = batch > 0
+            if self._stop_resumed_epoch and not self.steps_per_epoch:
+                raise ValueError("resuming an epoch of an input of unknown size needs "
+                                 "steps_per_epoch")
+        if self._input is not None:
+            # tf-keras makes the first epoch's iterator before on_epoch_begin.
+            self._input.seek(self._position(epoch, batch), epoch)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._commit_epoch_end()
+        if self.state.epoch != epoch:
+            self._first_batch = 0
         self.state.epoch = epoch
         if self._input is not None:
-            self._input.seek(self._position(epoch, self.first_batch))
+            self._input.seek(self._position(epoch, self._first_batch), epoch)
 
     def _position(self, epoch: int, batch: int) -> int:
         """The input's global batch at (epoch, batch): within the pass, or the stream for an
@@ -79,19 +124,148 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         return epoch * self.steps_per_epoch + batch
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        self.state.batch = self.first_batch + batch + 1
-        # The epoch's last batch is committed by on_epoch_end, with the epoch's end: a
-        # failure during validation then redoes that batch (rolled back) and the validation,
-        # rather than resuming at the end of a pass with nothing left to train.
+        self.state.batch = batch + 1 if self._numbered_from_first else \
+            self._first_batch + batch + 1
+        # The epoch's last batch is committed with the epoch's end: a failure during
+        # validation then redoes that batch (rolled back) and the validation, rather than
+        # resuming at the end of a pass with nothing left to train.
         last = self.steps_per_epoch is not None and self.state.batch >= self.steps_per_epoch
-        if self.state.batch % self.commit_every == 0 and not last:
+        if last and self._input is not None:
+            # Keras may make the next epoch's iterator before that epoch's on_epoch_begin
+            # (tf-keras always, Keras 3 given steps_per_epoch): it reads the next epoch's order.
+            self._input.seek(self._position(self.state.epoch + 1, 0), self.state.epoch + 1)
+        if last and self._stop_resumed_epoch:
+            self.model.stop_training = True
+        elif self.state.batch % self.commit_every == 0 and not last:
             self.state.commit()
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if (self.steps_per_epoch and self.state.batch < self.steps_per_epoch
+                and not self.model.stop_training):
+            raise RuntimeError(
+                f"epoch {epoch} ended after {self.state.batch} of its {self.steps_per_epoch} "
+                f"batches: with Keras 3, leave steps_per_epoch out for a finite input (given, "
+                f"Keras reuses the epoch's iterator and its count after a resumed epoch)")
+        if self._stop_resumed_epoch:
+            # The resumed epoch is over, not the training.
+            self._stop_resumed_epoch = False
+            self.model.stop_training = False
         self.state.epoch = epoch + 1
         self.state.batch = 0
-        self.first_batch = 0
-        self.state.commit()
+        self._first_batch = 0
+        self._epoch_end_pending = True
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        # A later fit without this callback starts where its own arguments say.
+        if _is_tf_keras(self.model):
+            self.model._training_state = None
+        else:
+            self.model._initial_epoch = None
+        self._commit_epoch_end()
+
+    def _commit_epoch_end(self) -> None:
+        if self._epoch_end_pending:
+            self._epoch_end_pending = False
+            try:
+                self.state.commit()
+            finally:
+                # Also when the membership changes at this commit: it saved the epoch's end.
+                if self.backup is not None and _is_chief():
+                    self.state.write(self.backup)
+
+
+class _ResumeAt:
+    """What tf-keras' `fit` asks where to start (its worker training state's interface)."""
+
+    def __init__(self, epoch: int, step: int):
+        self._counters = (epoch, step)
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch: int, initial_epoch: int,
+                                              mode: Any = None) -> tuple[int, int]:
+        del steps_per_epoch, initial_epoch, mode  # the committed state decides
+        return self._counters
+
+
+def _is_tf_keras(instance: Any) -> bool:
+    """Whether `instance` (a model, a callback) is tf-keras' rather than Keras 3's."""
+    return any(cls.__module__.startswith("tf_keras.") for cls in type(instance).__mro__)
+
+
+class ChiefOnly(tf.keras.callbacks.Callback):
+    """Runs `callback` on the current chief only: for callbacks that write files
+    (ModelCheckpoint, TensorBoard, CSVLogger), which every worker would write otherwise.
+
+    The chief can change at a re-form; the new chief's `callback` takes over
+    at the next `fit` call, and a CSVLogger then appends to the file its
+    predecessor wrote (`state` says whether training resumed). tf-keras'
+    ModelCheckpoint and TensorBoard run on every worker: they write on the
+    chief only by themselves (non-chiefs into a temporary directory, following
+    the strategy's current chief), and their reads of the variables may be
+    collectives every worker must join.
+    """
+
+    def __init__(self, callback: Any, state: State):
+        super().__init__()
+        self.callback = callback
+        self.state = state
+        self._everywhere = _is_tf_keras(callback) and isinstance(
+            callback, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.TensorBoard))
+        # tf-keras hands logs as tensors only to callbacks that take them.
+        self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
+
+    def set_model(self, model: Any) -> None:
+        super().set_model(model)
+        self.callback.set_model(model)
+
+    def set_params(self, params: dict) -> None:
+        super().set_params(params)
+        self.callback.set_params(params)
+
+    def _runs_here(self) -> bool:
+        return self._everywhere or _is_chief()
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        if not self._runs_here():
+            return
+        if (self.state.epoch or self.state.batch) and hasattr(self.callback, "append"):
+            self.callback.append = True
+        self.callback.on_train_begin(logs)
+
+
+def _on_chief(name: str) -> Callable[..., None]:
+    def hook(self: ChiefOnly, *args: Any, **kwargs: Any) -> None:
+        if self._runs_here():
+            getattr(self.callback, name)(*args, **kwargs)
+
+    hook.__name__ = name
+    return hook
+
+
+def _asks_wrapped(name: str) -> Callable[..., bool]:
+    def implements(self: ChiefOnly) -> bool:
+        return getattr(self.callback, name)()
+
+    implements.__name__ = name
+    return implements
+
+
+for _hook in dir(tf.keras.callbacks.Callback):
+    if _hook.startswith("on_") and _hook != "on_train_begin":
+        setattr(ChiefOnly, _hook, _on_chief(_hook))
+    elif _hook.startswith("_implements_"):
+        # tf-keras calls a callback's batch hooks (and waits for each batch's logs) only
+        # when it implements them: as the wrapped callback does.
+        setattr(ChiefOnly, _hook, _asks_wrapped(_hook))
+
+
+def _is_chief() -> bool:
+    runtime = runtime_lib.current()
+    return runtime.membership is not None and runtime.node_id == runtime.membership.chief_id
+
+
+# Keras callbacks that write files: fit_elastic runs them through ChiefOnly.
+_FILE_WRITERS = tuple(getattr(tf.keras.callbacks, name) for name in
+                      ("ModelCheckpoint", "TensorBoard", "CSVLogger"))
 
 
 def _build_compiled_containers(model: Any, element_spec: Any) -> None:
@@ -137,28 +311,27 @@ def _retrace_if_world_changed(model: Any, world: int) -> None:
 
 def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,
                 steps_per_epoch: int | None = None, callbacks: Iterable[Any] = (),
-                commit_every: int = 1, **fit_kwargs: Any) -> None:
+                commit_every: int = 1, backup: str | None = None, **fit_kwargs: Any) -> Any:
     """`model.fit` from where `state` says training is (epoch, batch), to the end.
 
     `dataset` is the batched `tf.data.Dataset` a plain `fit` would get; its
     last `batch` is the global batch. `steps_per_epoch` defaults to one pass
     over a finite input. Called again by `tensorflow_elastic.run` after a
     re-form, it first finishes the interrupted epoch from the committed batch,
-    then runs the remaining ones.
+    then runs the remaining ones. Callbacks that write files (ModelCheckpoint,
+    TensorBoard, CSVLogger) run on the current chief only. `backup`: see
+    `ElasticCallback`.
     """
-    if steps_per_epoch is None:
-        cardinality = int(dataset.cardinality())
-        if cardinality < 0:
-            raise ValueError("the input is endless or of unknown size: pass steps_per_epoch")
-        steps_per_epoch = cardinality
-    if steps_per_epoch < 1:
+    cardinality = int(dataset.cardinality())
+    if steps_per_epoch is None and cardinality < 0:
+        raise ValueError("the input is endless or of unknown size: pass steps_per_epoch")
+    if steps_per_epoch is not None and steps_per_epoch < 1:
         raise ValueError(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
-    elastic = ElasticCallback(state, commit_every, first_batch=state.batch,
-                              steps_per_epoch=steps_per_epoch)
-    callbacks = [elastic, *callbacks]
-    if 0 < state.batch < steps_per_epoch and state.epoch < epochs:
-        model.fit(dataset, initial_epoch=state.epoch, epochs=state.epoch + 1,
-                  steps_per_epoch=steps_per_epoch - state.batch, callbacks=callbacks, **fit_kwargs)
-    if state.epoch < epochs:
-        model.fit(dataset, initial_epoch=state.epoch, epochs=epochs,
-                  steps_per_epoch=steps_per_epoch, callbacks=callbacks, **fit_kwargs)
+    elastic = ElasticCallback(state, commit_every, steps_per_epoch=steps_per_epoch or cardinality,
+                              backup=backup)
+    callbacks = [elastic, *(ChiefOnly(c, state) if isinstance(c, _FILE_WRITERS) else c
+                            for c in callbacks)]
+    # A finite input's epoch is its pass: Keras then makes a new iterator every epoch.
+    return model.fit(dataset, epochs=epochs,
+                     steps_per_epoch=None if steps_per_epoch == cardinality else steps_per_epoch,
+                     callbacks=callbacks, **fit_kwargs)

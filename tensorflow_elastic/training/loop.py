@@ -12,7 +12,7 @@ from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, Member
                                        StateLayoutMismatch)
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.strategy import runtime as runtime_lib
-from tensorflow_elastic.strategy.cluster import is_recoverable
+from tensorflow_elastic.strategy.cluster import is_mismatch, is_recoverable
 from tensorflow_elastic.training.state import State
 
 logger = logging.getLogger(__name__)
@@ -64,7 +64,9 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
     def wrapper(state: State, *args, **kwargs) -> T:
         rt = runtime_lib.current()
         session = rt.session
-        if session.standby:
+        # A node joining a running job (rather than one of those that started it).
+        newcomer = session.standby
+        if newcomer:
             state.prepare_to_join()
         session.enter_training()
         reforms_without_progress = 0
@@ -99,7 +101,17 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                             session.generation)
                 change = _Change.failure(change, session, "a member lost during the state sync", 0)
             except Exception as error:  # noqa: BLE001 - filtered just below
-                if not (is_recoverable(error) or session.moved_on()):
+                if not in_step and is_mismatch(error) and newcomer and commits_before == 0:
+                    # A newcomer whose state does not fit the members': it leaves, they
+                    # re-form without it (below, on their side).
+                    # The orchestrator keeps short reasons; the error itself says it all.
+                    session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
+                    raise StateLayoutMismatch(
+                        f"this node's state could not be synced from the members' ({error}): "
+                        f"build the same model, optimizer and inputs on every node before "
+                        f"training") from error
+                if not (is_recoverable(error) or session.moved_on()
+                        or (not in_step and is_mismatch(error) and commits_before > 0)):
                     raise
                 session.check_job_alive()
                 logger.info("collective failed (%s); re-forming", type(error).__name__)

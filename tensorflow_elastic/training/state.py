@@ -9,10 +9,13 @@ world size.
 from __future__ import annotations
 
 import copy
+import json
+import os
 import pickle
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from tensorflow_elastic.errors import GenerationEnded, MembershipChanged, StateLayoutMismatch
@@ -271,6 +274,48 @@ class TensorFlowState(State):
                                   seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
+    def write(self, path: str) -> None:
+        """Writes the last snapshot (variables, Python values, commit count) to `path` at once
+        (a new file replaces the old one): what `read` loads when the whole job restarts.
+
+        Call it on one node (the chief), after a commit. The Python values must
+        be JSON-serializable (epoch, batch, ...).
+        """
+        meta = json.dumps({"layout": _layout(self._all_variables()),
+                           "values": self._committed, "commits": self._saved_commits})
+        arrays = {f"v{i}": value.numpy() for i, value in enumerate(self._snapshot.saved_values())}
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as f:
+            np.savez(f, meta=np.array(meta), **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+
+    def read(self, path: str) -> bool:
+        """Loads what `write` wrote to `path`, if it exists; returns whether it did.
+
+        Call it before training starts (before `tensorflow_elastic.run`): the
+        job then resumes from that commit, and a node that found no file takes
+        the state from one that did at the first sync.
+        """
+        if not os.path.exists(path):
+            return False
+        with np.load(path, allow_pickle=False) as saved:
+            meta = json.loads(str(saved["meta"]))
+            values = [saved[f"v{i}"] for i in range(len(meta["layout"]))]
+        mine = json.loads(json.dumps(_layout(self._all_variables())))
+        if meta["layout"] != mine:
+            raise StateLayoutMismatch(
+                f"the state saved in {path} differs from this node's "
+                f"{_first_difference(mine, meta['layout'], 'the file has')}: build the model, optimizer and "
+                f"inputs as the job that wrote it did, or start from another file")
+        self._take()
+        self._assign(values)
+        self._values.update(meta["values"])
+        self._commits = meta["commits"]
+        self.save()
+        return True
+
 
 class KerasState(TensorFlowState):
     """A Keras model and optimizer plus Python attributes (epoch, batch, ...)."""
@@ -314,16 +359,22 @@ def _check_layouts(variables: list[tf.Variable], source: int) -> None:
     if not differing:
         return
     if session.node_id in differing:
-        mine = layouts[session.node_id]
-        first = next((i for i, (a, b) in enumerate(zip(mine, expected)) if a != b),
-                     min(len(mine), len(expected)))
-        have = mine[first] if first < len(mine) else "nothing"
-        want = expected[first] if first < len(expected) else "nothing"
+        difference = _first_difference(layouts[session.node_id], expected,
+                                       "the members have")
         raise StateLayoutMismatch(
-            f"this node's state differs from the members' at variable #{first}: it has {have}, "
-            f"the members have {want} ({len(mine)} vs {len(expected)} variables). Build the same "
-            f"model, optimizer and inputs on every node (same code, same order) before training")
+            f"this node's state differs from the members' {difference}. Build the same model, "
+            f"optimizer and inputs on every node (same code, same order) before training")
     raise GenerationEnded(f"node(s) {differing} hold a different state layout; they leave")
+
+
+def _first_difference(mine: list, expected: list, theirs: str) -> str:
+    """Where two layouts first differ, for an error message."""
+    first = next((i for i, (a, b) in enumerate(zip(mine, expected)) if a != b),
+                 min(len(mine), len(expected)))
+    have = mine[first] if first < len(mine) else "nothing"
+    want = expected[first] if first < len(expected) else "nothing"
+    return (f"at variable #{first}: it has {have}, {theirs} {want} ({len(mine)} vs "
+            f"{len(expected)} variables)")
 
 
 def _optimizer_built(optimizer) -> bool:

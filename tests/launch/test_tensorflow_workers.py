@@ -98,9 +98,12 @@ def test_killed_elastic_worker_comes_back_as_a_new_node_and_the_plot_shows_it(st
 
 
 def test_keras_fit_example_trains_under_the_launcher_and_its_loss_falls(start, tmp_path):
+    """The example's plain `model.fit` with the elastic callback, and its chief's CSV log."""
     events_file = tmp_path / "events.jsonl"
+    csv_log = tmp_path / "log.csv"
     proc = start("--standalone", "--nworkers=2:3", "--nproc_per_node=3", "--monitor_interval=0.5",
-                 f"--events_file={events_file}", KERAS_FIT, "--epochs=3", "--steps_per_epoch=20")
+                 f"--events_file={events_file}", KERAS_FIT, "--epochs=3", "--steps_per_epoch=20",
+                 "--plain_fit", f"--csv_log={csv_log}")
     assert proc.wait(90) == 0, proc.output
     assert "in-process elasticity" in proc.output
     epochs = [m for m in map(re.compile(r"^\[node (\d+)\] epoch (\d) loss ([\d.]+) .* world (\d)$")
@@ -119,6 +122,8 @@ def test_keras_fit_example_trains_under_the_launcher_and_its_loss_falls(start, t
         steps.setdefault(e["node"], []).append(e["step"])
     assert sorted(steps) == sorted(losses)  # the runtime's step events, one per 10 commits
     assert all(s == sorted(set(s)) and s[-1] >= 50 for s in steps.values()), steps
+    rows = csv_log.read_text().splitlines()
+    assert rows[0].startswith("epoch,") and [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2"]
 
 
 def test_plain_mwms_script_survives_a_kill_and_resumes_from_its_backup(start, scripts, tmp_path):

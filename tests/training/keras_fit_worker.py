@@ -5,6 +5,21 @@ carries its id; a non-trainable weight counts, across all workers, how many
 times each id was trained on (only_first_replica + an explicit all-reduce,
 the way that counts correctly under a strategy).
 
+The input is shuffled (`.shuffle` before the batch: the elastic input makes
+it a per-epoch order every member shares). A CSVLogger and a ModelCheckpoint
+write into KERAS_FIT_OUT (they must run on the current chief only). With
+KERAS_FIT_PLAIN=1 the worker calls a plain `model.fit` with the elastic
+callback (and wraps the file writers itself) instead of `fit_elastic`.
+KERAS_FIT_DIE_IN_SYNC=1 makes a newcomer SIGKILL itself in its state sync,
+when the members are about to send it their variables; with
+KERAS_FIT_BAD_SYNC=1 a newcomer receives its first variable with a shape other
+than the members send (a state that differs past the layout check): the
+broadcast fails with InvalidArgumentError on both sides. KERAS_FIT_BACKUP=1: the
+chief writes the state to KERAS_FIT_OUT at every epoch's end, and a worker
+starting reads it from there first (a job restarted as a whole resumes).
+The learning rate decays with the optimizer's iterations (the global step). After
+training, every worker also runs `evaluate` and `predict` under the strategy.
+
 argv: epochs, examples, global batch, sleep per batch (s). With
 KERAS_FIT_REFERENCE=1 it trains the same model in one plain process, no
 strategy, over the same global batches (the result to compare with).
@@ -13,6 +28,7 @@ Prints a JSON line per batch and a final {"done": ...} line.
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -24,6 +40,11 @@ BATCH_SLEEP_S = float(sys.argv[4])
 REFERENCE = os.environ.get("KERAS_FIT_REFERENCE") == "1"
 # A misconfigured node: one weight more than the members (its sync must fail on its side only).
 EXTRA_WEIGHT = os.environ.get("KERAS_FIT_EXTRA_WEIGHT") == "1"
+PLAIN_FIT = os.environ.get("KERAS_FIT_PLAIN") == "1"
+OUT = os.environ.get("KERAS_FIT_OUT", ".")
+CSV_PATH = os.path.join(OUT, "log.csv")
+CHECKPOINT_PATH = os.path.join(OUT, "model.weights.h5")
+BACKUP = os.path.join(OUT, "state.npz") if os.environ.get("KERAS_FIT_BACKUP") == "1" else None
 
 if not REFERENCE:
     import tensorflow_elastic as tfe
@@ -68,7 +89,8 @@ class CountingModel(keras.Model):
         return super().train_step(data)
 
 
-dataset = tf.data.Dataset.range(EXAMPLES).map(make_example).batch(GLOBAL_BATCH)
+examples = tf.data.Dataset.range(EXAMPLES).map(make_example)
+dataset = examples.shuffle(EXAMPLES, seed=5).batch(GLOBAL_BATCH)
 # Validation examples after the training ones, 4 global batches.
 validation = tf.data.Dataset.range(EXAMPLES, EXAMPLES + 4 * GLOBAL_BATCH).map(
     make_example).batch(GLOBAL_BATCH)
@@ -78,11 +100,12 @@ with strategy.scope():
     model.set_weights([rng.uniform(-0.5, 0.5, w.shape).astype(np.float32)
                        if w.shape not in ((EXAMPLES,), (3,)) else np.zeros(w.shape, np.float32)
                        for w in model.get_weights()])
-    model.compile(keras.optimizers.SGD(0.05), "mse")
+    model.compile(keras.optimizers.SGD(keras.optimizers.schedules.ExponentialDecay(
+        0.05, decay_steps=EXAMPLES // GLOBAL_BATCH, decay_rate=0.5)), "mse")
 
 
-def trained_weights():
-    return [float(x) for w in model.trainable_weights for x in np.reshape(w.numpy(), -1)]
+def trained_weights(of=None):
+    return [float(x) for w in (of or model).trainable_weights for x in np.reshape(w.numpy(), -1)]
 
 
 class LastValidation(keras.callbacks.Callback):
@@ -94,18 +117,64 @@ class LastValidation(keras.callbacks.Callback):
         LastValidation.loss = float(logs["val_loss"])
 
 
-def report_done():
-    print(json.dumps({"done": True, "node": None if REFERENCE else runtime.node_id,
-                      "weights": trained_weights(), "val_loss": LastValidation.loss,
-                      "counts": [int(c) for c in model.counts.numpy()]}), flush=True)
+csv_logger = keras.callbacks.CSVLogger(CSV_PATH)
+checkpoint = keras.callbacks.ModelCheckpoint(CHECKPOINT_PATH, save_weights_only=True)
+
+
+def evaluate_and_predict():
+    """`evaluate` and `predict` over the validation set (under the strategy every member takes
+    part, inside the elastic run: its members leave when it is over)."""
+    return model.evaluate(validation, verbose=0), model.predict(validation, verbose=0)
+
+
+def report_done(evaluated, predicted):
+    result = {"done": True, "node": None if REFERENCE else runtime.node_id,
+              "weights": trained_weights(), "val_loss": LastValidation.loss,
+              "evaluated": float(evaluated), "iterations": int(model.optimizer.iterations.numpy()),
+              "predicted": [float(x) for x in np.reshape(predicted, -1)],
+              # How many examples were trained on how many times: {"3": 480} is exactly once.
+              "counts": {str(int(c)): int(n) for c, n in zip(*np.unique(model.counts.numpy(),
+                                                                    return_counts=True))},
+              "wrote_csv": getattr(csv_logger, "csv_file", None) is not None}
+    if not REFERENCE and runtime.node_id == runtime.membership.chief_id:
+        # A plain copy, outside the strategy, holds what the last checkpoint holds.
+        copy = CountingModel()
+        copy.load_weights(CHECKPOINT_PATH)
+        result["checkpoint_weights"] = trained_weights(copy)
+    line = (json.dumps(result) + "\n").encode()
+    # One write of less than a pipe's atomic size: TensorFlow's threads write to the same pipe.
+    assert len(line) < 4096, len(line)
     sys.stdout.flush()
+    os.write(sys.stdout.fileno(), line)
     os._exit(0)
 
 
 if REFERENCE:
-    model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
-              callbacks=[LastValidation()])
-    report_done()
+    from tensorflow_elastic.data.shuffle import split_shuffle
+
+    # The order the elastic input gives each epoch, one epoch at a time.
+    _, shuffle = split_shuffle(dataset._input_dataset)
+    for epoch in range(EPOCHS):
+        model.fit(shuffle.order(examples, epoch).batch(GLOBAL_BATCH), initial_epoch=epoch,
+                  epochs=epoch + 1, verbose=0, validation_data=validation,
+                  callbacks=[LastValidation()])
+    report_done(*evaluate_and_predict())
+
+if os.environ.get("KERAS_FIT_DIE_IN_SYNC") == "1":
+    def die(variables, is_source):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    strategy.extended.broadcast_variables = die
+
+if os.environ.get("KERAS_FIT_BAD_SYNC") == "1":
+    broadcast = strategy.extended.broadcast_variables
+    with tf.device("/cpu:0"):
+        misshapen = tf.Variable(tf.zeros([7]))
+
+    def broadcast_misshapen(variables, is_source):
+        broadcast([misshapen, *variables[1:]], is_source)
+
+    strategy.extended.broadcast_variables = broadcast_misshapen
 
 state = tfe.KerasState(model, model.optimizer, epoch=0, batch=0)
 steps_per_epoch = int(dataset.cardinality())
@@ -122,9 +191,19 @@ class Report(keras.callbacks.Callback):
 
 @tfe.run
 def train(state):
-    tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
-                          validation_data=validation, callbacks=[Report(), LastValidation()])
+    if PLAIN_FIT:
+        model.fit(dataset, epochs=EPOCHS, verbose=0, validation_data=validation,
+                  callbacks=[tfe.keras.ElasticCallback(state, backup=BACKUP), Report(),
+                             LastValidation(),
+                             tfe.keras.ChiefOnly(csv_logger, state),
+                             tfe.keras.ChiefOnly(checkpoint, state)])
+    else:
+        tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
+                              validation_data=validation, backup=BACKUP,
+                              callbacks=[Report(), LastValidation(), csv_logger, checkpoint])
+    return evaluate_and_predict()
 
 
-train(state)
-report_done()
+if BACKUP is not None:
+    state.read(BACKUP)
+report_done(*train(state))

@@ -293,3 +293,25 @@ def test_members_re_form_without_a_node_whose_variables_differ(monkeypatch):
                    layouts={2: [("weights:0", (1,), "float32"), ("extra:0", (), "float32")]})
     with pytest.raises(GenerationEnded, match=r"\[2\]"):
         state.sync()
+
+
+def test_a_written_state_is_read_back_by_a_new_state_and_a_different_one_is_refused(tmp_path):
+    path = str(tmp_path / "state.npz")
+    weights = tf.Variable([1.0, 2.0])
+    state = tfe.TensorFlowState([weights], epoch=2, batch=0)
+    assert not state.read(path), "a missing file is no error: the job starts afresh"
+    weights.assign([3.0, 4.0])
+    state.save()
+    weights.assign([5.0, 6.0])  # not committed: not written
+    state.write(path)
+    restarted = tf.Variable([0.0, 0.0])
+    fresh = tfe.TensorFlowState([restarted], epoch=0, batch=0)
+    assert fresh.read(path)
+    assert restarted.numpy().tolist() == [3.0, 4.0]
+    assert (fresh.epoch, fresh.batch) == (2, 0)
+    restarted.assign([9.0, 9.0])
+    fresh.restore()  # the read state is the snapshot a failure goes back to
+    assert restarted.numpy().tolist() == [3.0, 4.0]
+    other = tfe.TensorFlowState([tf.Variable([0.0, 0.0, 0.0])], epoch=0, batch=0)
+    with pytest.raises(StateLayoutMismatch, match="state.npz.*variable #0"):
+        other.read(path)

@@ -1,0 +1,86 @@
+"""`tensorflow_elastic.run` in one process: what a state sync failing with a mismatch leads to.
+
+A fake session stands in for the orchestrator; the state's sync raises the
+error a collective raises when a newcomer's state does not fit the members'.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import tensorflow as tf
+
+import tensorflow_elastic as tfe
+from tensorflow_elastic.errors import StateLayoutMismatch
+from tensorflow_elastic.strategy import runtime as runtime_lib
+
+
+class _Session:
+    def __init__(self, standby: bool):
+        self.standby = standby
+        self.node_id = 2
+        self.generation = 3
+        self.membership = SimpleNamespace(chief_id=1, members={1: "a", 2: "b"}, generation=3,
+                                          world_size=2)
+        self.events = SimpleNamespace(record=lambda *args, **kwargs: None)
+        self.left: list[str] = []
+        self.reforms = 0
+
+    def enter_training(self):
+        pass
+
+    def check_job_alive(self):
+        pass
+
+    def moved_on(self):
+        return False
+
+    def reform(self):
+        self.reforms += 1
+
+    def finish(self, commits):
+        pass
+
+    def leave(self, reason):
+        self.left.append(reason)
+
+
+class _MismatchOnce(tfe.State):
+    """A state whose first sync fails as the broadcast does when shapes differ."""
+
+    def sync(self):
+        if not getattr(self, "failed", False):
+            object.__setattr__(self, "failed", True)
+            raise tf.errors.InvalidArgumentError(None, None, "Shape mismatch in the collective")
+        # Later syncs: the members alone, in step (nothing to take).
+
+
+def _run(monkeypatch, standby: bool, commits: int):
+    session = _Session(standby)
+    failures = []
+    monkeypatch.setattr(runtime_lib, "current", lambda: SimpleNamespace(
+        session=session, report_failure=failures.append))
+    state = _MismatchOnce(step=0)
+    object.__setattr__(state, "_commits", commits)
+    object.__setattr__(state, "_saved_commits", commits)
+    return session, state, tfe.run(lambda state: "trained")
+
+
+def test_members_re_form_when_a_newcomer_breaks_their_sync(monkeypatch):
+    session, state, train = _run(monkeypatch, standby=False, commits=5)
+    assert train(state) == "trained"
+    assert session.reforms == 1 and session.left == []
+
+
+def test_a_newcomer_whose_sync_fails_leaves_saying_why(monkeypatch):
+    session, state, train = _run(monkeypatch, standby=True, commits=0)
+    with pytest.raises(StateLayoutMismatch, match="could not be synced from the members'"):
+        train(state)
+    assert len(session.left) == 1 and session.left[0].startswith("state sync failed")
+    assert session.reforms == 0
+
+
+def test_a_mismatch_at_the_start_of_a_job_is_a_bug_to_fix(monkeypatch):
+    session, state, train = _run(monkeypatch, standby=False, commits=0)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        train(state)
+    assert session.left == [] and session.reforms == 0
