@@ -329,6 +329,13 @@ class KerasState(TensorFlowState):
                 optimizer.build(model.trainable_variables)
         super().__init__(variables=(), **values)
 
+    def on_reset(self) -> None:
+        # Keras' evaluation and prediction functions bake in the world size; dropped at every
+        # re-form, they are rebuilt when next used (the elastic callback retraces training).
+        self._model.test_function = None
+        self._model.predict_function = None
+        super().on_reset()
+
     def _tracked_variables(self) -> list[tf.Variable]:
         variables = list(self._model.variables)
         if self._optimizer is not None:

@@ -315,3 +315,19 @@ def test_a_written_state_is_read_back_by_a_new_state_and_a_different_one_is_refu
     other = tfe.TensorFlowState([tf.Variable([0.0, 0.0, 0.0])], epoch=0, batch=0)
     with pytest.raises(StateLayoutMismatch, match="state.npz.*variable #0"):
         other.read(path)
+
+
+def test_a_re_form_drops_the_keras_evaluation_and_prediction_functions():
+    """They bake in the world size: Keras rebuilds them for the new one when next used."""
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    model.compile(loss="mse")
+    model.evaluate(tf.ones([4, 2]), tf.ones([4, 1]), verbose=0)
+    model.predict(tf.ones([4, 2]), verbose=0)
+    assert model.test_function is not None and model.predict_function is not None
+    state = tfe.KerasState(model, epoch=0)
+    reset = []
+    state.register_reset_callbacks([lambda: reset.append(True)])
+    state.on_reset()
+    assert model.test_function is None and model.predict_function is None and reset == [True]
+    model.evaluate(tf.ones([4, 2]), tf.ones([4, 1]), verbose=0)
+    assert model.test_function is not None
