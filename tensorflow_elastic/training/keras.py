@@ -201,7 +201,9 @@ class ChiefOnly(tf.keras.callbacks.Callback):
     ModelCheckpoint and TensorBoard run on every worker: they write on the
     chief only by themselves (non-chiefs into a temporary directory, following
     the strategy's current chief), and their reads of the variables may be
-    collectives every worker must join.
+    collectives every worker must join. The other members of a Keras 3
+    `ModelCheckpoint(save_best_only=True)` follow its best value, so that a new
+    chief saves only what beats the best its predecessor saved.
     """
 
     def __init__(self, callback: Any, state: State):
@@ -231,6 +233,15 @@ class ChiefOnly(tf.keras.callbacks.Callback):
             self.callback.append = True
         self.callback.on_train_begin(logs)
 
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if self._runs_here():
+            self.callback.on_epoch_end(epoch, logs)
+        elif getattr(self.callback, "save_best_only", False):
+            # A member that becomes chief later saves only what beats the best saved so far.
+            current = (logs or {}).get(self.callback.monitor)
+            if current is not None and self.callback._is_improvement(current, self.callback.best):
+                self.callback.best = current
+
 
 def _on_chief(name: str) -> Callable[..., None]:
     def hook(self: ChiefOnly, *args: Any, **kwargs: Any) -> None:
@@ -250,7 +261,7 @@ def _asks_wrapped(name: str) -> Callable[..., bool]:
 
 
 for _hook in dir(tf.keras.callbacks.Callback):
-    if _hook.startswith("on_") and _hook != "on_train_begin":
+    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end"):
         setattr(ChiefOnly, _hook, _on_chief(_hook))
     elif _hook.startswith("_implements_"):
         # tf-keras calls a callback's batch hooks (and waits for each batch's logs) only

@@ -1,0 +1,32 @@
+"""ChiefOnly in one process: which member runs the wrapped callback (the chief is faked)."""
+
+import pytest
+import tensorflow as tf
+
+import tensorflow_elastic as tfe
+from tensorflow_elastic.training import keras as keras_lib
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    callback = tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "best.weights.h5"),
+                                                  monitor="val_loss", save_best_only=True,
+                                                  save_weights_only=True)
+    wrapped = tfe.keras.ChiefOnly(callback, tfe.State(epoch=0, batch=0))
+    wrapped.set_model(model)
+    wrapped.set_params({"epochs": 3, "steps": 1, "verbose": 0})
+    return wrapped, tmp_path / "best.weights.h5"
+
+
+def test_a_member_writes_nothing_and_a_new_chief_saves_only_what_beats_the_best(
+        checkpoint, monkeypatch):
+    wrapped, path = checkpoint
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: False)
+    wrapped.on_epoch_end(0, {"val_loss": 0.5})
+    assert not path.exists() and wrapped.callback.best == 0.5
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: True)  # the chief died: this one leads
+    wrapped.on_epoch_end(1, {"val_loss": 0.7})
+    assert not path.exists() and wrapped.callback.best == 0.5
+    wrapped.on_epoch_end(2, {"val_loss": 0.4})
+    assert path.exists() and wrapped.callback.best == 0.4
