@@ -7,9 +7,9 @@ import sys
 import pytest
 import tensorflow as tf
 
-from tensorflow_elastic.ops import load_op_library
+from tensorflow_elastic.ops import load_binding, load_op_library
 from tensorflow_elastic.ops.variable_snapshot import (Float64Reader, SnapshotError,
-                                                      VariableSnapshot, _snapshots)
+                                                      VariableSnapshot)
 
 
 def test_holds_every_variable_in_order_whatever_its_dtype():
@@ -102,13 +102,13 @@ def test_reading_another_dtype_as_float64_is_a_clear_error():
 
 def test_unknown_or_released_ids_are_errors_not_crashes():
     with pytest.raises(SnapshotError, match="no variable snapshot with id -5"):
-        _snapshots().Snapshot(-5)
+        load_binding().Snapshot(-5)
     snapshot = VariableSnapshot([tf.Variable(1.0)])
     (held, _, _), = snapshot._groups
     snapshot_id = held.id
     del snapshot, held  # released when the snapshot object goes away
     with pytest.raises(SnapshotError, match=f"no variable snapshot with id {snapshot_id}"):
-        _snapshots().Snapshot(snapshot_id)
+        load_binding().Snapshot(snapshot_id)
     with pytest.raises(tf.errors.NotFoundError, match="no variable snapshot"):
         load_op_library().elastic_variable_snapshot_values(snapshot_id, [tf.float32])
 
@@ -116,7 +116,7 @@ def test_unknown_or_released_ids_are_errors_not_crashes():
 def test_the_binding_and_the_op_share_one_library():
     tally = tf.Variable([4.0], dtype=tf.float64)
     snapshot_id = int(load_op_library().elastic_variable_snapshot([tally.handle]))
-    held = _snapshots().Snapshot(snapshot_id)  # found: the op's snapshot, taken through the binding
+    held = load_binding().Snapshot(snapshot_id)  # found: the op's snapshot, taken through the binding
     assert held.take(0, 1) == (4.0,)
     tally.assign([5.0])
     assert held.read_float64(0, 1) == (5.0,)
