@@ -74,6 +74,12 @@ class SnapshotHandle {
     return ToTuple(read);
   }
 
+  // Gives every variable but variable `keep` (-1: none) its held value.
+  void Restore(int keep) {
+    py::gil_scoped_release release;  // waits for the variables' locks
+    Check(snapshot_->Restore(keep));
+  }
+
   // The current value of variable `index`, a host float64 variable.
   py::tuple ReadFloat64(int index, size_t count) const {
     std::vector<double> read(count);
@@ -121,6 +127,9 @@ void DefineModule(py::module_& m) {
       .def("take", &SnapshotHandle::Take, py::arg("read_index") = -1, py::arg("count") = 0,
            "Holds every variable's current value; returns variable `read_index`'s held "
            "value, or None when it is negative.")
+      .def("restore", &SnapshotHandle::Restore, py::arg("keep") = -1,
+           "Gives every variable but variable `keep` (-1: none) the value the last take() "
+           "holds, sharing its buffer (no copy).")
       .def("read_float64", &SnapshotHandle::ReadFloat64, py::arg("index"), py::arg("count"),
            "The current value of a host float64 variable of `count` elements.");
 

@@ -69,6 +69,12 @@ class VariableSnapshot:
                 reported = values
         return reported
 
+    def restore(self) -> None:
+        """Gives `variables` (not `reported`) the values the last `take()` holds, copying nothing:
+        each shares the held buffer until its next update copies it. Call it between steps."""
+        for snapshot, indices, _ in self._groups:
+            snapshot.restore(indices.index(self._size) if self._size in indices else -1)
+
     def saved_values(self) -> list[tf.Tensor]:
         """The values of `variables` held by the last `take()`, in their order."""
         values: list[tf.Tensor | None] = [None] * self._held

@@ -56,6 +56,38 @@ def test_sparse_updates_in_copy_on_read_mode_do_not_reach_held_values():
     assert tf.gather(table, [1]).numpy().tolist() == [[2.0, 2.0]]
 
 
+def test_restore_gives_back_the_held_values_and_keeps_them_held():
+    weights = tf.Variable(tf.ones([8]))
+    table = tf.Variable(tf.zeros([4, 2]))
+    table.scatter_add(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1])))  # copy-on-read mode
+    tally = tf.Variable([2.0], dtype=tf.float64)
+    snapshot = VariableSnapshot([weights, table], reported=tally)
+    snapshot.take()
+
+    @tf.function
+    def update():
+        weights.assign_add(5.0 * tf.ones([8]))
+        table.scatter_add(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0])))
+
+    update()
+    tally.assign([7.0])
+    snapshot.restore()
+    assert weights.numpy().tolist() == [1.0] * 8
+    assert table.numpy().tolist() == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert tally.numpy().tolist() == [7.0]  # the vote's tally is not rolled back
+    update()  # an update after a restore copies the shared buffer: the held values stay
+    snapshot.restore()
+    assert weights.numpy().tolist() == [1.0] * 8
+    assert table.numpy().tolist() == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_restore_before_any_take_is_an_error():
+    variable = tf.Variable([1.0])
+    snapshot_id = int(load_op_library().elastic_variable_snapshot([variable.handle]))
+    with pytest.raises(SnapshotError, match="no snapshot has been taken"):
+        load_binding().Snapshot(snapshot_id).restore()
+
+
 def test_take_returns_the_reported_variable_held_with_the_others():
     weights = tf.Variable([1.0])
     tally = tf.Variable([2.0, 3.0], dtype=tf.float64)
