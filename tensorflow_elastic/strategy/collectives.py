@@ -17,9 +17,9 @@ from typing import Callable
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils, reduce_util
 from tensorflow.python.eager import context, def_function
-from tensorflow.python.framework import dtypes, indexed_slices, ops, tensor_shape
+from tensorflow.python.framework import constant_op, dtypes, indexed_slices, ops, tensor_shape
 from tensorflow.python.framework.tensor import Tensor
-from tensorflow.python.ops import array_ops, collective_ops, math_ops, variables
+from tensorflow.python.ops import array_ops, collective_ops, cond, math_ops, variables
 from tensorflow.python.util import nest
 
 # Group keys are spaced per generation so that no two generations share one.
@@ -208,12 +208,13 @@ class VariableBroadcaster:
 
     def broadcast(self, variables: list, is_source: bool) -> None:
         """Every member calls it with the same variables (same order); one is the source."""
-        self._function(variables, is_source)()
+        self._function(variables, is_source)(constant_op.constant(True))
 
     def prepare(self, variables: list, is_source: bool) -> None:
-        """Traces the function that broadcast() runs: a newcomer does it before joining, so the
-        members do not wait for its tracing (seconds for hundreds of variables)."""
-        self._function(variables, is_source).get_concrete_function()
+        """Traces and instantiates the function that broadcast() runs, transferring nothing: a
+        newcomer does it before joining, so the members wait neither for its tracing (seconds
+        for hundreds of variables) nor for TensorFlow's optimization of the traced graph."""
+        self._function(variables, is_source)(constant_op.constant(False))
 
     def _function(self, variables: list, is_source: bool):
         key = (tuple(id(v) for v in variables), is_source)
@@ -223,8 +224,7 @@ class VariableBroadcaster:
         return self._functions[key][1]
 
     def _trace(self, variables: list, is_source: bool) -> Callable:
-        @def_function.function(autograph=False)
-        def run():
+        def transfer():
             group_size = self._group_size.read()
             group_key = self._group_key.read()
             instance_key = BROADCAST_INSTANCE_KEY_START
@@ -250,5 +250,11 @@ class VariableBroadcaster:
             # A send whose output nothing uses would be pruned from the function.
             with ops.control_dependencies(sent):
                 return array_ops.identity(group_size)
+
+        # One graph for both: TensorFlow lowers the condition into the function's graph, so a
+        # call that transfers nothing instantiates everything a transfer runs.
+        @def_function.function(autograph=False)
+        def run(active):
+            return cond.cond(active, transfer, lambda: self._group_size.read())
 
         return run
