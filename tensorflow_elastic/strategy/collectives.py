@@ -33,6 +33,12 @@ def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
     return cross_device_utils.CollectiveKeys(group_key_start=1 + generation * KEYS_PER_GENERATION)
 
 
+def sync_group_key(generation: int) -> int:
+    """The group key of a generation's state sync to some of its members only (the last of the
+    generation's keys; the step's groups take the first ones)."""
+    return generation * KEYS_PER_GENERATION + KEYS_PER_GENERATION
+
+
 def building_function() -> bool:
     """Whether ops are being added to a function being traced (rather than run eagerly)."""
     return not context.executing_eagerly() and ops.get_default_graph().building_function
@@ -186,17 +192,18 @@ class VariableBroadcaster:
     adopted by the variable, not copied). Variables larger than `chunk_bytes`
     go in chunks, so the transfers of one variable overlap. Group size and key
     are runtime inputs read from variables, so the traced functions (one for
-    sending, one for receiving, per list of variables) serve every generation.
-    The group is the training step's own (the instance keys are far from the
-    step's): the broadcast, the first collective of a new generation, resolves
-    the group, and the first step after it does not wait for that again.
+    sending, one for receiving, per list of variables) serve every generation
+    and every group: the training step's own when every member receives (the
+    instance keys are far from the step's: the broadcast, the first collective
+    of a new generation, resolves the group, and the first step after it does
+    not wait for that again), or the source and the members that need the
+    state (a growth: only the newcomers).
     """
 
-    def __init__(self, device: str, group_size: RuntimeInt, group_key: RuntimeInt,
-                 chunk_bytes: int = 4 << 20):
+    def __init__(self, device: str, chunk_bytes: int = 4 << 20):
         self._device = device
-        self._group_size = group_size
-        self._group_key = group_key
+        self._group_size = RuntimeInt(1, "elastic_sync_group_size")
+        self._group_key = RuntimeInt(0, "elastic_sync_group_key")
         self._chunk_bytes = chunk_bytes
         self._functions: dict[tuple[tuple[int, ...], bool], tuple[list, Callable]] = {}
 
@@ -206,8 +213,12 @@ class VariableBroadcaster:
         step = max(1, self._chunk_bytes // dtypes.as_dtype(variable.dtype).size)
         return [(start, min(size, start + step)) for start in range(0, size, step)]
 
-    def broadcast(self, variables: list, is_source: bool) -> None:
-        """Every member calls it with the same variables (same order); one is the source."""
+    def broadcast(self, variables: list, is_source: bool, group_size: int,
+                  group_key: int) -> None:
+        """Every member of the group calls it with the same variables (same order); one is the
+        source."""
+        self._group_size.set(group_size)
+        self._group_key.set(group_key)
         self._function(variables, is_source)(constant_op.constant(True))
 
     def prepare(self, variables: list, is_source: bool) -> None:

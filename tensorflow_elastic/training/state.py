@@ -33,8 +33,8 @@ class _Furthest(NamedTuple):
     source: int
     values: dict[str, Any]
     commits: int
-    # Every member holds this commit already (see in_step()), so its variables are equal.
-    even: bool
+    # The members whose variables may differ from the source's (see needing_state()).
+    receivers: list[int]
 
 
 def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +152,7 @@ class State:
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
         commits = {node_id: count for node_id, (_, count) in states.items()}
         source = furthest_ahead(commits)
-        return _Furthest(source, *states[source], even=in_step(commits))
+        return _Furthest(source, *states[source], receivers=needing_state(commits, source))
 
     def _adopt(self, furthest: _Furthest) -> None:
         self._values.update(furthest.values)
@@ -166,8 +166,9 @@ def furthest_ahead(commits: dict[int, int]) -> int:
     return max(commits, key=lambda node_id: (commits[node_id], -node_id))
 
 
-def in_step(commits: dict[int, int]) -> bool:
-    """Whether the members' variables are equal already: all made the same commits, at least one.
+def needing_state(commits: dict[int, int], source: int) -> list[int]:
+    """The members whose variables may differ from the `source`'s: every member at another
+    commit, and at the start (no commit yet) every member.
 
     Members train in lockstep (every all-reduce gives all of them the same
     values), and a member's variables at a sync are those of its last commit
@@ -175,8 +176,8 @@ def in_step(commits: dict[int, int]) -> bool:
     commit count means the same values. A newcomer has none, and at the start
     each member's initial values may differ.
     """
-    counts = set(commits.values())
-    return len(counts) == 1 and counts.pop() > 0
+    return sorted(node_id for node_id, count in commits.items()
+                  if node_id != source and (count != commits[source] or count == 0))
 
 
 # Horovod's name for the state of plain Python objects.
@@ -240,27 +241,28 @@ class TensorFlowState(State):
             _strategy().extended.prepare_to_receive(variables)
 
     def sync(self) -> None:
-        """State.sync() plus the variables, broadcast from the member furthest ahead unless
-        every member is at the same commit (no newcomer). Before a broadcast, every member's
+        """State.sync() plus the variables, broadcast from the member furthest ahead to the
+        members that need them (see needing_state(): none after a crash or a leave of members
+        at the same commit, the newcomers after a growth). Before a broadcast, every member's
         state layout is checked against the source's (see _check_layouts).
 
-        Records a `state_synced` event (bytes moved, seconds) on every member.
+        Records a `state_synced` event (bytes moved, seconds) on the source and the receivers.
         """
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
-        # Members at the same commit hold the same variables (they ran the same steps from
-        # the same sync, or restored the same snapshot): a crash or a leave moves nothing.
-        if variables and not furthest.even:
+        if variables and furthest.receivers:
             _check_layouts(variables, furthest.source)
             session = runtime_lib.current().session
-            started = time.perf_counter()
-            _strategy().extended.broadcast_variables(variables,
-                                                     session.node_id == furthest.source)
-            session.events.record(events.STATE_SYNCED, node=session.node_id,
-                                  generation=session.generation, source=furthest.source,
-                                  bytes=sum(tf.TensorShape(v.shape).num_elements()
-                                            * tf.as_dtype(v.dtype).size for v in variables),
-                                  seconds=time.perf_counter() - started)
+            if session.node_id == furthest.source or session.node_id in furthest.receivers:
+                started = time.perf_counter()
+                _strategy().extended.broadcast_variables(variables, furthest.source,
+                                                         furthest.receivers)
+                session.events.record(events.STATE_SYNCED, node=session.node_id,
+                                      generation=session.generation, source=furthest.source,
+                                      receivers=furthest.receivers,
+                                      bytes=sum(tf.TensorShape(v.shape).num_elements()
+                                                * tf.as_dtype(v.dtype).size for v in variables),
+                                      seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
 
