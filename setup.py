@@ -2,7 +2,8 @@
 
 - the protobuf/gRPC modules, generated from tensorflow_elastic/proto/*.proto;
 - the op library tensorflow_elastic/_ops.so (the kernels and the pybind11
-  binding of variable snapshots), built by Bazel beforehand (install.sh runs
+  binding of variable snapshots and collective server updates), built by
+  Bazel beforehand (install.sh runs
   `bazel build //...`); TFE_OPS_LIBRARY overrides its path.
 """
 

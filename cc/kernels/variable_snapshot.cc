@@ -53,6 +53,21 @@ absl::Status VariableSnapshot::Saved(std::vector<Tensor>* values) const {
   return absl::OkStatus();
 }
 
+absl::Status VariableSnapshot::Restore(int keep) {
+  mutex_lock lock(mu_);
+  if (!taken_) return absl::FailedPreconditionError("no snapshot has been taken yet");
+  for (size_t i = 0; i < variables_.size(); ++i) {
+    if (static_cast<int>(i) == keep) continue;
+    Var* variable = variables_[i].get();
+    mutex_lock variable_lock(*variable->mu());
+    *variable->tensor() = saved_[i];
+    variable->is_initialized = true;
+    // A sparse update in copy-on-read mode would write into the shared buffer.
+    variable->copy_on_read_mode.store(false);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status VariableSnapshot::ReadFloat64(int index, bool held, double* out,
                                            int64_t count) const {
   if (index < 0 || index >= size()) {

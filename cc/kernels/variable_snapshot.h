@@ -5,7 +5,7 @@
 // snapshot holds a reference to each variable's buffer, as ReadVariableOp
 // does, so the next in-place update of the variable copies the buffer
 // (TensorFlow's copy-on-write) and the snapshot keeps the old values. Taking
-// one is a direct call from Python (cc/python/variable_snapshot_module.cc): an
+// one is a direct call from Python (cc/python/binding_module.cc): an
 // eager op would cost 50-250 us of dispatch per commit in TensorFlow 2.21.
 #ifndef TENSORFLOW_ELASTIC_CC_KERNELS_VARIABLE_SNAPSHOT_H_
 #define TENSORFLOW_ELASTIC_CC_KERNELS_VARIABLE_SNAPSHOT_H_
@@ -37,6 +37,12 @@ class VariableSnapshot {
 
   // The values held by the last Take().
   absl::Status Saved(std::vector<tensorflow::Tensor>* values) const;
+
+  // Gives every variable but variable `keep` (-1: none kept) the value the last
+  // Take() holds, without copying: the variable shares the held buffer, so its
+  // next in-place update copies it and the snapshot keeps its values. Must not
+  // run while ops use the variables (a restore runs between steps).
+  absl::Status Restore(int keep);
 
   // Copies the value of variable `index`, a host float64 variable of `count`
   // elements, into `out`: its current value, or with `held` the one the last

@@ -6,6 +6,7 @@ the kernels TensorFlow lacks.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 from types import ModuleType
@@ -16,6 +17,7 @@ LIBRARY_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 
 _lock = threading.Lock()
 _library: ModuleType | None = None
+_binding: ModuleType | None = None
 
 
 class OpLibraryError(ImportError):
@@ -42,6 +44,28 @@ def load_op_library(path: str = LIBRARY_PATH) -> ModuleType:
         if path == LIBRARY_PATH:
             _library = library
         return library
+
+
+def load_binding() -> ModuleType:
+    """The library's pybind11 module (`cc/python/`): variable snapshots, collective server updates.
+
+    It is built into the op library, so it sees what the library's kernels registered.
+    TensorFlow loads the library first (it collects the library's ops while loading it);
+    importing the same file then finds the library already loaded.
+    """
+    global _binding
+    load_op_library()
+    with _lock:
+        if _binding is None:
+            spec = importlib.util.spec_from_file_location(f"{__package__}._binding", LIBRARY_PATH)
+            try:
+                binding = importlib.util.module_from_spec(spec)
+            except ImportError as e:
+                raise OpLibraryError(f"The op library {LIBRARY_PATH} lacks its Python binding "
+                                     f"({e}); rebuild it with ./install.sh.") from e
+            spec.loader.exec_module(binding)
+            _binding = binding
+        return _binding
 
 
 # AutoGraph stays out of the wrappers: they load the library with plain Python.

@@ -12,45 +12,20 @@ instead (copy-on-write), exactly as when a read of the variable is still alive.
 
 from __future__ import annotations
 
-import importlib.util
-import threading
-from types import ModuleType
 from typing import Sequence
 
 import tensorflow as tf
 
-from tensorflow_elastic.ops import LIBRARY_PATH, OpLibraryError, load_op_library
-
-_lock = threading.Lock()
-_binding: ModuleType | None = None
+from tensorflow_elastic.ops import load_binding, load_op_library
 
 
 class SnapshotError(RuntimeError):
     """A snapshot call failed (unknown snapshot, uninitialized variable, wrong dtype)."""
 
 
-def _snapshots() -> ModuleType:
-    """The binding, a module built into the op library, so it sees the snapshots the op made."""
-    global _binding
-    with _lock:
-        if _binding is None:
-            # TensorFlow loads the library first: it collects the library's ops while loading
-            # it. Importing the same file then finds the library already loaded.
-            load_op_library()
-            spec = importlib.util.spec_from_file_location(f"{__package__}._snapshot", LIBRARY_PATH)
-            try:
-                binding = importlib.util.module_from_spec(spec)
-            except ImportError as e:
-                raise OpLibraryError(f"The op library {LIBRARY_PATH} lacks the snapshot binding "
-                                     f"({e}); rebuild it with ./install.sh.") from e
-            spec.loader.exec_module(binding)
-            _binding = binding
-        return _binding
-
-
 def _create(variables: Sequence[tf.Variable]):
     """A C++ snapshot of `variables` (all on one device), released when it is collected."""
-    binding = _snapshots()
+    binding = load_binding()
     with tf.device(variables[0].handle.device):
         snapshot_id = int(load_op_library().elastic_variable_snapshot([v.handle for v in variables]))
     return binding.Snapshot(snapshot_id)
@@ -93,6 +68,12 @@ class VariableSnapshot:
             if values is not None:
                 reported = values
         return reported
+
+    def restore(self) -> None:
+        """Gives `variables` (not `reported`) the values the last `take()` holds, copying nothing:
+        each shares the held buffer until its next update copies it. Call it between steps."""
+        for snapshot, indices, _ in self._groups:
+            snapshot.restore(indices.index(self._size) if self._size in indices else -1)
 
     def saved_values(self) -> list[tf.Tensor]:
         """The values of `variables` held by the last `take()`, in their order."""

@@ -17,9 +17,9 @@ from typing import Callable
 from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib
 from tensorflow.python.distribute import cross_device_utils, reduce_util
 from tensorflow.python.eager import context, def_function
-from tensorflow.python.framework import dtypes, indexed_slices, ops, tensor_shape
+from tensorflow.python.framework import constant_op, dtypes, indexed_slices, ops, tensor_shape
 from tensorflow.python.framework.tensor import Tensor
-from tensorflow.python.ops import array_ops, collective_ops, math_ops, variables
+from tensorflow.python.ops import array_ops, collective_ops, cond, math_ops, variables
 from tensorflow.python.util import nest
 
 # Group keys are spaced per generation so that no two generations share one.
@@ -31,6 +31,12 @@ BROADCAST_INSTANCE_KEY_START = 1 << 30
 def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
     """Fresh keys for a generation: every member derives the same group and instance keys."""
     return cross_device_utils.CollectiveKeys(group_key_start=1 + generation * KEYS_PER_GENERATION)
+
+
+def sync_group_key(generation: int) -> int:
+    """The group key of a generation's state sync to some of its members only (the last of the
+    generation's keys; the step's groups take the first ones)."""
+    return generation * KEYS_PER_GENERATION + KEYS_PER_GENERATION
 
 
 def building_function() -> bool:
@@ -213,17 +219,18 @@ class VariableBroadcaster:
     adopted by the variable, not copied). Variables larger than `chunk_bytes`
     go in chunks, so the transfers of one variable overlap. Group size and key
     are runtime inputs read from variables, so the traced functions (one for
-    sending, one for receiving, per list of variables) serve every generation.
-    The group is the training step's own (the instance keys are far from the
-    step's): the broadcast, the first collective of a new generation, resolves
-    the group, and the first step after it does not wait for that again.
+    sending, one for receiving, per list of variables) serve every generation
+    and every group: the training step's own when every member receives (the
+    instance keys are far from the step's: the broadcast, the first collective
+    of a new generation, resolves the group, and the first step after it does
+    not wait for that again), or the source and the members that need the
+    state (a growth: only the newcomers).
     """
 
-    def __init__(self, device: str, group_size: RuntimeInt, group_key: RuntimeInt,
-                 chunk_bytes: int = 4 << 20):
+    def __init__(self, device: str, chunk_bytes: int = 4 << 20):
         self._device = device
-        self._group_size = group_size
-        self._group_key = group_key
+        self._group_size = RuntimeInt(1, "elastic_sync_group_size")
+        self._group_key = RuntimeInt(0, "elastic_sync_group_key")
         self._chunk_bytes = chunk_bytes
         self._functions: dict[tuple[tuple[int, ...], bool], tuple[list, Callable]] = {}
 
@@ -233,14 +240,19 @@ class VariableBroadcaster:
         step = max(1, self._chunk_bytes // dtypes.as_dtype(variable.dtype).size)
         return [(start, min(size, start + step)) for start in range(0, size, step)]
 
-    def broadcast(self, variables: list, is_source: bool) -> None:
-        """Every member calls it with the same variables (same order); one is the source."""
-        self._function(variables, is_source)()
+    def broadcast(self, variables: list, is_source: bool, group_size: int,
+                  group_key: int) -> None:
+        """Every member of the group calls it with the same variables (same order); one is the
+        source."""
+        self._group_size.set(group_size)
+        self._group_key.set(group_key)
+        self._function(variables, is_source)(constant_op.constant(True))
 
     def prepare(self, variables: list, is_source: bool) -> None:
-        """Traces the function that broadcast() runs: a newcomer does it before joining, so the
-        members do not wait for its tracing (seconds for hundreds of variables)."""
-        self._function(variables, is_source).get_concrete_function()
+        """Traces and instantiates the function that broadcast() runs, transferring nothing: a
+        newcomer does it before joining, so the members wait neither for its tracing (seconds
+        for hundreds of variables) nor for TensorFlow's optimization of the traced graph."""
+        self._function(variables, is_source)(constant_op.constant(False))
 
     def _function(self, variables: list, is_source: bool):
         key = (tuple(id(v) for v in variables), is_source)
@@ -250,8 +262,7 @@ class VariableBroadcaster:
         return self._functions[key][1]
 
     def _trace(self, variables: list, is_source: bool) -> Callable:
-        @def_function.function(autograph=False)
-        def run():
+        def transfer():
             group_size = self._group_size.read()
             group_key = self._group_key.read()
             instance_key = BROADCAST_INSTANCE_KEY_START
@@ -277,5 +288,11 @@ class VariableBroadcaster:
             # A send whose output nothing uses would be pruned from the function.
             with ops.control_dependencies(sent):
                 return array_ops.identity(group_size)
+
+        # One graph for both: TensorFlow lowers the condition into the function's graph, so a
+        # call that transfers nothing instantiates everything a transfer runs.
+        @def_function.function(autograph=False)
+        def run(active):
+            return cond.cond(active, transfer, lambda: self._group_size.read())
 
         return run

@@ -65,11 +65,11 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         # The state broadcast shares the step's group when a worker has a single CPU device
         # (one group to resolve per generation), otherwise the host group's.
         if len(local_devices) == 1 and "CPU" in local_devices[0].upper():
-            device, shared = local_devices[0], self._cross_device_ops
+            device, self._broadcast_shares = local_devices[0], self._cross_device_ops
         else:
-            device, shared = f"{self._worker_device}/device:CPU:0", self._host_cross_device_ops
-        self._broadcaster = collectives.VariableBroadcaster(device, shared.runtime_group_size,
-                                                            shared.runtime_group_key)
+            device = f"{self._worker_device}/device:CPU:0"
+            self._broadcast_shares = self._host_cross_device_ops
+        self._broadcaster = collectives.VariableBroadcaster(device)
         mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
@@ -107,9 +107,18 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops.regroup(world, self._collective_keys)
         self._set_members(members, generation)
 
-    def broadcast_variables(self, variables: list, is_source: bool) -> None:
-        """Gives `variables` the source member's values (all members call it, one is the source)."""
-        self._broadcaster.broadcast(variables, is_source)
+    def broadcast_variables(self, variables: list, source: int, receivers: list[int]) -> None:
+        """Gives the `receivers`' `variables` the `source` member's values; the source and the
+        receivers call it. When every other member receives, it runs in the step's group (one
+        group to resolve per generation); otherwise in a group of the source and the receivers,
+        so that members which hold the state already neither receive it nor wait for it."""
+        if len(receivers) == self._num_workers - 1:
+            shared = self._broadcast_shares
+            group_size, group_key = shared.runtime_group_size.value, shared.runtime_group_key.value
+        else:
+            group_size = 1 + len(receivers)
+            group_key = collectives.sync_group_key(self._generation)
+        self._broadcaster.broadcast(variables, self._node_id == source, group_size, group_key)
 
     def prepare_to_receive(self, variables: list) -> None:
         """Traces the receiving side of broadcast_variables() ahead of time (a joining node)."""

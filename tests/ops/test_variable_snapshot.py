@@ -7,9 +7,9 @@ import sys
 import pytest
 import tensorflow as tf
 
-from tensorflow_elastic.ops import load_op_library
+from tensorflow_elastic.ops import load_binding, load_op_library
 from tensorflow_elastic.ops.variable_snapshot import (Float64Reader, SnapshotError,
-                                                      VariableSnapshot, _snapshots)
+                                                      VariableSnapshot)
 
 
 def test_holds_every_variable_in_order_whatever_its_dtype():
@@ -54,6 +54,38 @@ def test_sparse_updates_in_copy_on_read_mode_do_not_reach_held_values():
     assert held == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
     assert table.numpy().tolist() == [[0.0, 0.0], [2.0, 2.0], [1.0, 1.0], [0.0, 0.0]]
     assert tf.gather(table, [1]).numpy().tolist() == [[2.0, 2.0]]
+
+
+def test_restore_gives_back_the_held_values_and_keeps_them_held():
+    weights = tf.Variable(tf.ones([8]))
+    table = tf.Variable(tf.zeros([4, 2]))
+    table.scatter_add(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1])))  # copy-on-read mode
+    tally = tf.Variable([2.0], dtype=tf.float64)
+    snapshot = VariableSnapshot([weights, table], reported=tally)
+    snapshot.take()
+
+    @tf.function
+    def update():
+        weights.assign_add(5.0 * tf.ones([8]))
+        table.scatter_add(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0])))
+
+    update()
+    tally.assign([7.0])
+    snapshot.restore()
+    assert weights.numpy().tolist() == [1.0] * 8
+    assert table.numpy().tolist() == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert tally.numpy().tolist() == [7.0]  # the vote's tally is not rolled back
+    update()  # an update after a restore copies the shared buffer: the held values stay
+    snapshot.restore()
+    assert weights.numpy().tolist() == [1.0] * 8
+    assert table.numpy().tolist() == [[0.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_restore_before_any_take_is_an_error():
+    variable = tf.Variable([1.0])
+    snapshot_id = int(load_op_library().elastic_variable_snapshot([variable.handle]))
+    with pytest.raises(SnapshotError, match="no snapshot has been taken"):
+        load_binding().Snapshot(snapshot_id).restore()
 
 
 def test_take_returns_the_reported_variable_held_with_the_others():
@@ -102,13 +134,13 @@ def test_reading_another_dtype_as_float64_is_a_clear_error():
 
 def test_unknown_or_released_ids_are_errors_not_crashes():
     with pytest.raises(SnapshotError, match="no variable snapshot with id -5"):
-        _snapshots().Snapshot(-5)
+        load_binding().Snapshot(-5)
     snapshot = VariableSnapshot([tf.Variable(1.0)])
     (held, _, _), = snapshot._groups
     snapshot_id = held.id
     del snapshot, held  # released when the snapshot object goes away
     with pytest.raises(SnapshotError, match=f"no variable snapshot with id {snapshot_id}"):
-        _snapshots().Snapshot(snapshot_id)
+        load_binding().Snapshot(snapshot_id)
     with pytest.raises(tf.errors.NotFoundError, match="no variable snapshot"):
         load_op_library().elastic_variable_snapshot_values(snapshot_id, [tf.float32])
 
@@ -116,7 +148,7 @@ def test_unknown_or_released_ids_are_errors_not_crashes():
 def test_the_binding_and_the_op_share_one_library():
     tally = tf.Variable([4.0], dtype=tf.float64)
     snapshot_id = int(load_op_library().elastic_variable_snapshot([tally.handle]))
-    held = _snapshots().Snapshot(snapshot_id)  # found: the op's snapshot, taken through the binding
+    held = load_binding().Snapshot(snapshot_id)  # found: the op's snapshot, taken through the binding
     assert held.take(0, 1) == (4.0,)
     tally.assign([5.0])
     assert held.read_float64(0, 1) == (5.0,)

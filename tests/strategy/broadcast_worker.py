@@ -2,8 +2,11 @@
 
 argv: this node's id, then the members as JSON {id: "host:port"}. Broadcasts
 variables of uneven dtypes and shapes (small chunks, so large ones travel in
-several) from one source, then, in the next generation, from another; prints
-each member's values as one JSON line per broadcast.
+several) from one source, then, in the next generation, from another, both to
+every member; then, after each member changed its scalar, from node 2 to node
+1 only (a group of two without the collective leader, node 0), and from node 0
+to every member again; prints each member's values as one JSON line per
+broadcast.
 """
 
 import json
@@ -28,14 +31,16 @@ with tf.device(device):
                  tf.Variable(float(node_id)),
                  tf.Variable(tf.zeros([0, 4])),
                  tf.Variable(rng.randn(2, 1000).astype(np.float16))]
-group_key = collectives.RuntimeInt(0, "group_key")
-broadcaster = collectives.VariableBroadcaster(
-    device, collectives.RuntimeInt(len(members), "group_size"), group_key, chunk_bytes=64)
-# Traced ahead (as a joining node does), then used in the first broadcast.
+broadcaster = collectives.VariableBroadcaster(device, chunk_bytes=64)
+# Traced and instantiated ahead (as a joining node does), then used in the first broadcast.
 broadcaster.prepare(variables, is_source=node_id != 1)
-for generation, source in ((1, 1), (2, 0)):
-    group_key.set(10 * generation)
-    broadcaster.broadcast(variables, is_source=node_id == source)
+# The last broadcast, to every member, also keeps node 0 (the collective leader, which
+# resolves every group) up while the others resolve the group of generation 3.
+for generation, source, receivers in ((1, 1, [0, 2]), (2, 0, [1, 2]), (3, 2, [1]), (4, 0, [1, 2])):
+    if generation == 3:
+        variables[4].assign(10.0 * node_id + 7)
+    if node_id == source or node_id in receivers:
+        broadcaster.broadcast(variables, node_id == source, 1 + len(receivers), 10 * generation)
     print(json.dumps({"generation": generation, "node": node_id,
                       "chunks": [len(broadcaster.chunks(v)) for v in variables],
                       "values": [v.numpy().tolist() for v in variables]}), flush=True)

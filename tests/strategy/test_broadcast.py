@@ -24,24 +24,29 @@ def _initial(node_id):
             float(node_id), [], rng.randn(2, 1000).astype(np.float16).tolist()]
 
 
-def test_every_member_gets_the_sources_values_whatever_the_dtype_shape_or_chunking():
+def test_the_receivers_get_the_sources_values_whatever_the_dtype_shape_chunking_or_group(tmp_path):
     held = [net.hold_port("127.0.0.1") for _ in range(3)]
     members = {i: f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(held)}
     for s in held:
         s.close()
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
                PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    # Files, not pipes: a worker blocked on a full pipe nobody reads yet would hold up the others.
+    outs = [tmp_path / f"worker-{i}.out" for i in members]
+    errs = [tmp_path / f"worker-{i}.err" for i in members]
     workers = [subprocess.Popen([sys.executable, os.path.join(HERE, "broadcast_worker.py"),
-                                 str(i), json.dumps(members)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=env)
-               for i in members]
+                                 str(i), json.dumps(members)], stdout=out.open("w"),
+                                stderr=err.open("w"), env=env)
+               for i, out, err in zip(members, outs, errs)]
     try:
-        outputs = [w.communicate(timeout=120) for w in workers]
+        for w in workers:
+            w.wait(timeout=120)
     finally:
         for w in workers:
             if w.poll() is None:
                 w.kill()
                 w.wait(timeout=30)
+    outputs = [(out.read_text(), err.read_text()) for out, err in zip(outs, errs)]
     for w, (_, stderr) in zip(workers, outputs):
         assert w.returncode == 0, stderr[-3000:]
     lines = [json.loads(line) for out, _ in outputs for line in out.splitlines()]
@@ -51,5 +56,14 @@ def test_every_member_gets_the_sources_values_whatever_the_dtype_shape_or_chunki
         assert len(by_generation[generation]) == 3
         for record in by_generation[generation]:
             assert record["values"] == _initial(1), (generation, record["node"])
+    # Generation 3, from node 2 to node 1 only: node 0 keeps its own scalar.
+    scalars = {r["node"]: r["values"][4] for r in lines if r["generation"] == 3}
+    assert scalars == {0: 7.0, 1: 27.0, 2: 27.0}
+    for record in lines:
+        if record["generation"] == 3:
+            assert record["values"][:4] == _initial(1)[:4]
+    # Generation 4, from node 0 to every member again.
+    assert {r["node"]: r["values"][4] for r in lines if r["generation"] == 4} == {0: 7.0, 1: 7.0,
+                                                                                 2: 7.0}
     # 64-byte chunks: the 37x5 float32 variable goes in 12 pieces, the empty one in none.
     assert lines[0]["chunks"] == [12, 1, 1, 1, 1, 0, 63]

@@ -6,10 +6,7 @@ from tensorflow_elastic.strategy import collectives
 
 
 def _broadcaster(chunk_bytes=16):
-    return collectives.VariableBroadcaster("/device:CPU:0",
-                                           collectives.RuntimeInt(2, "test_group_size"),
-                                           collectives.RuntimeInt(7, "test_group_key"),
-                                           chunk_bytes=chunk_bytes)
+    return collectives.VariableBroadcaster("/device:CPU:0", chunk_bytes=chunk_bytes)
 
 
 def test_chunks_cover_each_variable_exactly_once():
@@ -22,9 +19,11 @@ def test_chunks_cover_each_variable_exactly_once():
 
 def test_a_joining_node_traces_the_receiving_function_once_ahead_of_its_first_sync():
     broadcaster = _broadcaster()
-    variables = [tf.Variable(tf.zeros([5])), tf.Variable(0, dtype=tf.int64)]
+    variables = [tf.Variable(tf.ones([5])), tf.Variable(3, dtype=tf.int64)]
     broadcaster.prepare(variables, is_source=False)
     broadcaster.prepare(variables, is_source=False)
+    # Preparing runs the function, receiving nothing.
+    assert [v.numpy().tolist() for v in variables] == [[1.0] * 5, 3]
     receive = broadcaster._function(variables, is_source=False)
     assert receive.experimental_get_tracing_count() == 1
     # The sending side is another function, traced only when first needed.

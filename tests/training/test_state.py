@@ -15,7 +15,7 @@ from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
-from tensorflow_elastic.training.state import furthest_ahead, in_step
+from tensorflow_elastic.training.state import furthest_ahead, needing_state
 
 
 def test_attributes_roll_back_to_the_last_save():
@@ -110,7 +110,7 @@ def test_newcomer_without_commits_is_never_the_sync_source():
 
 def _members_ahead(monkeypatch, broadcast, events_file=None, layouts=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
-    is_source)` stands in for the collectives that give the variables node 0's values.
+    source, receivers)` stands in for the collectives that give the variables node 0's values.
     `layouts` (node -> layout) replaces the members' state layouts (default: all equal to node
     1's)."""
     ahead = pickle.dumps(({"step": 7}, 7))
@@ -133,8 +133,8 @@ def _members_ahead(monkeypatch, broadcast, events_file=None, layouts=None):
 def _receive(values):
     """A broadcast in which node 1 receives `values`."""
 
-    def broadcast(variables, is_source):
-        assert not is_source
+    def broadcast(variables, source, receivers):
+        assert (source, receivers) == (0, [1])
         for variable, value in zip(variables, values):
             variable.assign(value)
 
@@ -167,7 +167,7 @@ def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
 
-    def peer_lost(variables, is_source):
+    def peer_lost(variables, source, receivers):
         variables[0].assign([5.0])  # received before the peer was lost
         raise tf.errors.UnavailableError(None, None, "peer lost")
 
@@ -180,12 +180,17 @@ def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch
 
 
 def test_members_in_step_need_no_broadcast():
-    assert in_step({1: 40, 2: 40, 5: 40})
+    assert needing_state({1: 40, 2: 40, 5: 40}, source=1) == []
 
 
-@pytest.mark.parametrize("commits", [{1: 40, 2: 41}, {0: 0, 4: 12}, {0: 0, 1: 0}])
-def test_members_apart_a_newcomer_or_a_fresh_start_need_the_broadcast(commits):
-    assert not in_step(commits)
+@pytest.mark.parametrize("commits, source, receivers", [
+    ({1: 40, 2: 41}, 2, [1]),                   # apart after a crash
+    ({0: 0, 4: 12, 7: 12}, 4, [0]),             # a newcomer: only it receives
+    ({0: 0, 1: 0, 2: 0}, 0, [1, 2]),            # a fresh start: initial values may differ
+    ({1: 40, 2: 41, 3: 41, 9: 0}, 2, [1, 9]),   # apart and a newcomer
+])
+def test_members_apart_a_newcomer_or_a_fresh_start_receive(commits, source, receivers):
+    assert needing_state(commits, source) == receivers
 
 
 class _NoVote:
@@ -248,7 +253,7 @@ def test_members_at_the_same_commit_keep_their_variables_and_move_nothing(monkey
     state.step = 7
     object.__setattr__(state, "_commits", 7)
     broadcasts = []
-    _members_ahead(monkeypatch, lambda variables, is_source: broadcasts.append(is_source))
+    _members_ahead(monkeypatch, lambda variables, source, receivers: broadcasts.append(source))
     state.sync()
     assert broadcasts == []
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
@@ -262,16 +267,39 @@ def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
                                   0: blob if topic == "layout" else pickle.dumps(({"step": 0}, 0)),
                                   1: blob})
     broadcasts = []
-    extended = SimpleNamespace(broadcast_variables=lambda v, is_source: broadcasts.append(is_source))
+    extended = SimpleNamespace(
+        broadcast_variables=lambda v, source, receivers: broadcasts.append((source, receivers)))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session,
                                                 strategy=SimpleNamespace(extended=extended)))
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ.
-    assert broadcasts == [False]
+    assert broadcasts == [(0, [1])]
 
 
-def _never_broadcast(tensors, is_source):
+def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync(monkeypatch):
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=0)
+    state.step = 7
+    object.__setattr__(state, "_commits", 7)
+    newcomer = pickle.dumps(({"step": 0}, 0))
+    session = SimpleNamespace(node_id=1, generation=3, events=EventLog(None),
+                              exchange=lambda topic, blob: {
+                                  0: blob if topic == "layout" else pickle.dumps(({"step": 7}, 7)),
+                                  1: blob, 2: blob if topic == "layout" else newcomer})
+    broadcasts = []
+    extended = SimpleNamespace(
+        broadcast_variables=lambda v, source, receivers: broadcasts.append((source, receivers)))
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(session=session,
+                                                strategy=SimpleNamespace(extended=extended)))
+    state.sync()
+    # Node 0 sends to node 2 only; node 1 holds the same commit already.
+    assert broadcasts == []
+    assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
+
+
+def _never_broadcast(tensors, source, receivers):
     raise AssertionError("no variable may be sent when the layouts differ")
 
 

@@ -27,7 +27,8 @@ package(default_visibility = ["//visibility:public"])
 cc_library(
     name = "tensorflow_headers",
     hdrs = glob(["include/**"], exclude = ["include/**/*.py", "include/**/LICENSE*"]),
-    includes = ["include"],
+    includes = ["include", "include/external/farmhash_archive/src",
+                "include/external/com_github_grpc_grpc/include"],
     defines = ["_GLIBCXX_USE_CXX11_ABI=1", "EIGEN_MAX_ALIGN_BYTES=64"],
 )
 

@@ -1,5 +1,6 @@
-// The Python binding of VariableSnapshot (pybind11): the calls a commit makes
-// at every step, with no op dispatch and no tensor crossing into Python.
+// The library's Python binding (pybind11): the calls a commit makes at every
+// step (VariableSnapshot), with no op dispatch and no tensor crossing into
+// Python, and the update of the collective server at a membership change.
 //
 // It is built into the op library (_ops.so) rather than into a module of its
 // own: the binding must reach the snapshots the op's kernel registered, and
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cc/kernels/variable_snapshot.h"
+#include "cc/python/collective_server.h"
 
 namespace tensorflow_elastic {
 namespace {
@@ -72,6 +74,12 @@ class SnapshotHandle {
     return ToTuple(read);
   }
 
+  // Gives every variable but variable `keep` (-1: none) its held value.
+  void Restore(int keep) {
+    py::gil_scoped_release release;  // waits for the variables' locks
+    Check(snapshot_->Restore(keep));
+  }
+
   // The current value of variable `index`, a host float64 variable.
   py::tuple ReadFloat64(int index, size_t count) const {
     std::vector<double> read(count);
@@ -87,8 +95,17 @@ class SnapshotHandle {
   const std::shared_ptr<VariableSnapshot> snapshot_;
 };
 
+// The TFE_Context* of `context_handle` (tensorflow's `context.context()._handle`).
+TFE_Context* EagerContext(const py::capsule& context_handle) {
+  return static_cast<TFE_Context*>(context_handle.get_pointer());
+}
+
+void CheckServer(const absl::Status& status) {
+  if (!status.ok()) throw std::runtime_error(std::string(status.message()));
+}
+
 void DefineModule(py::module_& m) {
-  m.doc() = "Takes and reads the variable snapshots of the op ElasticVariableSnapshot.";
+  m.doc() = "Variable snapshots (of the op ElasticVariableSnapshot) and collective server updates.";
 
   // The exception class is the Python API's, so callers catch one type.
   PYBIND11_CONSTINIT static py::gil_safe_call_once_and_store<py::object> error_type;
@@ -110,11 +127,34 @@ void DefineModule(py::module_& m) {
       .def("take", &SnapshotHandle::Take, py::arg("read_index") = -1, py::arg("count") = 0,
            "Holds every variable's current value; returns variable `read_index`'s held "
            "value, or None when it is negative.")
+      .def("restore", &SnapshotHandle::Restore, py::arg("keep") = -1,
+           "Gives every variable but variable `keep` (-1: none) the value the last take() "
+           "holds, sharing its buffer (no copy).")
       .def("read_float64", &SnapshotHandle::ReadFloat64, py::arg("index"), py::arg("count"),
            "The current value of a host float64 variable of `count` elements.");
+
+  m.def(
+      "forward_collectives",
+      [](const py::capsule& context_handle) {
+        TFE_Context* context = EagerContext(context_handle);
+        py::gil_scoped_release release;
+        CheckServer(ForwardCollectives(context));
+      },
+      py::arg("context_handle"),
+      "Routes the eager context's collectives through a manager that server updates keep.");
+  m.def(
+      "update_collective_server",
+      [](const py::capsule& context_handle, const py::bytes& server_def) {
+        TFE_Context* context = EagerContext(context_handle);
+        std::string serialized = server_def;
+        py::gil_scoped_release release;
+        CheckServer(UpdateCollectiveServer(context, serialized));
+      },
+      py::arg("context_handle"), py::arg("server_def"),
+      "Moves the running server to a serialized ServerDef; functions stay instantiated.");
 }
 
 }  // namespace
 }  // namespace tensorflow_elastic
 
-PYBIND11_MODULE(_snapshot, m) { tensorflow_elastic::DefineModule(m); }
+PYBIND11_MODULE(_binding, m) { tensorflow_elastic::DefineModule(m); }
