@@ -303,8 +303,8 @@ class TensorFlowState(State):
                 f"the state saved in {path} differs from this node's "
                 f"{_first_difference(mine, meta['layout'], 'the file has')}: build the model, optimizer and "
                 f"inputs as the job that wrote it did, or start from another file")
-        self._take()
-        self._assign(values)
+        for variable, value in zip(self._all_variables(), values):
+            _local_copy(variable).assign(value)
         self._values.update(meta["values"])
         self._commits = meta["commits"]
         self.save()

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from tensorflow_elastic.observability import events
@@ -88,4 +89,6 @@ def test_workers_come_and_go_and_the_ps_survives_sigkill(start, port, tmp_path):
     complete = [e for e in _events(events_file, events.JOB_COMPLETE) if e.get("source") == "ps"]
     assert complete and complete[-1]["version"] > restored["step"]
     losses = [e["loss"] for e in _events(events_file, events.STEP) if e.get("loss") is not None]
-    assert len(losses) >= 4 and min(losses[-3:]) < losses[0] / 2, losses
+    # Each loss is one worker's batch of 32 (a newcomer's first ones are on stale weights):
+    # the median of the last ten says where training ended.
+    assert len(losses) >= 10 and float(np.median(losses[-10:])) < losses[0] / 2, losses

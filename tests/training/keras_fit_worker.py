@@ -161,7 +161,7 @@ if REFERENCE:
     report_done(*evaluate_and_predict())
 
 if os.environ.get("KERAS_FIT_DIE_IN_SYNC") == "1":
-    def die(variables, is_source):
+    def die(variables, source, receivers):
         os.kill(os.getpid(), signal.SIGKILL)
 
     strategy.extended.broadcast_variables = die
@@ -171,8 +171,8 @@ if os.environ.get("KERAS_FIT_BAD_SYNC") == "1":
     with tf.device("/cpu:0"):
         misshapen = tf.Variable(tf.zeros([7]))
 
-    def broadcast_misshapen(variables, is_source):
-        broadcast([misshapen, *variables[1:]], is_source)
+    def broadcast_misshapen(variables, source, receivers):
+        broadcast([misshapen, *variables[1:]], source, receivers)
 
     strategy.extended.broadcast_variables = broadcast_misshapen
 
