@@ -259,6 +259,17 @@ def test_members_at_the_same_commit_keep_their_variables_and_move_nothing(monkey
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
 
 
+def _recording_broadcasts(monkeypatch, session) -> list:
+    """A fake runtime around `session` whose broadcasts only record (source, receivers)."""
+    broadcasts = []
+    extended = SimpleNamespace(
+        broadcast_variables=lambda v, source, receivers: broadcasts.append((source, receivers)))
+    monkeypatch.setattr(runtime_lib, "current",
+                        lambda: SimpleNamespace(session=session,
+                                                strategy=SimpleNamespace(extended=extended)))
+    return broadcasts
+
+
 def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
@@ -266,12 +277,7 @@ def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
                               exchange=lambda topic, blob: {
                                   0: blob if topic == "layout" else pickle.dumps(({"step": 0}, 0)),
                                   1: blob})
-    broadcasts = []
-    extended = SimpleNamespace(
-        broadcast_variables=lambda v, source, receivers: broadcasts.append((source, receivers)))
-    monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(session=session,
-                                                strategy=SimpleNamespace(extended=extended)))
+    broadcasts = _recording_broadcasts(monkeypatch, session)
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ.
     assert broadcasts == [(0, [1])]
@@ -287,12 +293,7 @@ def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync(monk
                               exchange=lambda topic, blob: {
                                   0: blob if topic == "layout" else pickle.dumps(({"step": 7}, 7)),
                                   1: blob, 2: blob if topic == "layout" else newcomer})
-    broadcasts = []
-    extended = SimpleNamespace(
-        broadcast_variables=lambda v, source, receivers: broadcasts.append((source, receivers)))
-    monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(session=session,
-                                                strategy=SimpleNamespace(extended=extended)))
+    broadcasts = _recording_broadcasts(monkeypatch, session)
     state.sync()
     # Node 0 sends to node 2 only; node 1 holds the same commit already.
     assert broadcasts == []
