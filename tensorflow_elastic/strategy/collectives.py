@@ -26,6 +26,9 @@ from tensorflow.python.util import nest
 KEYS_PER_GENERATION = 16
 # The state broadcast's instance keys, far above those traced functions take (from 100 up).
 BROADCAST_INSTANCE_KEY_START = 1 << 30
+# The state sync's groups (the source and one receiver each); group keys are 32-bit.
+SYNC_GROUP_KEY_START = 1 << 28
+SYNC_GROUPS_PER_GENERATION = 1 << 10
 
 
 def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
@@ -33,10 +36,13 @@ def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
     return cross_device_utils.CollectiveKeys(group_key_start=1 + generation * KEYS_PER_GENERATION)
 
 
-def sync_group_key(generation: int) -> int:
-    """The group key of a generation's state sync to some of its members only (the last of the
-    generation's keys; the step's groups take the first ones)."""
-    return generation * KEYS_PER_GENERATION + KEYS_PER_GENERATION
+def sync_group_key(generation: int, receiver_index: int) -> int:
+    """The group key of a generation's state sync from its source to its `receiver_index`-th
+    receiver (a range of their own, above every generation's step keys)."""
+    if not 0 <= receiver_index < SYNC_GROUPS_PER_GENERATION:
+        raise ValueError(f"a state sync has at most {SYNC_GROUPS_PER_GENERATION} receivers, "
+                         f"not {receiver_index + 1}")
+    return SYNC_GROUP_KEY_START + generation * SYNC_GROUPS_PER_GENERATION + receiver_index
 
 
 def building_function() -> bool:
@@ -223,8 +229,8 @@ class VariableBroadcaster:
     and every group: the training step's own when every member receives (the
     instance keys are far from the step's: the broadcast, the first collective
     of a new generation, resolves the group, and the first step after it does
-    not wait for that again), or the source and the members that need the
-    state (a growth: only the newcomers).
+    not wait for that again), or pairs of the source and each member that needs
+    the state (a growth: each newcomer).
     """
 
     def __init__(self, device: str, chunk_bytes: int = 4 << 20):
@@ -247,6 +253,22 @@ class VariableBroadcaster:
         self._group_size.set(group_size)
         self._group_key.set(group_key)
         self._function(variables, is_source)(constant_op.constant(True))
+
+    def broadcast_in_pairs(self, variables: list, node_id: int, source: int,
+                           receivers: list[int], generation: int) -> None:
+        """The source sends to each receiver in turn, in a group of the two (see
+        sync_group_key()); the source and the receivers call it.
+
+        A receiver whose transfer fails (its state differs, it dies) fails alone:
+        in one group of all receivers, a shape mismatch fails every receiver
+        alike, and a healthy newcomer could not tell that it is not the one to
+        blame. The receivers after a failed one wait until the generation's
+        collectives are aborted.
+        """
+        for index, receiver in enumerate(sorted(receivers)):
+            if node_id in (source, receiver):
+                self.broadcast(variables, node_id == source, 2,
+                               sync_group_key(generation, index))
 
     def prepare(self, variables: list, is_source: bool) -> None:
         """Traces and instantiates the function that broadcast() runs, transferring nothing: a

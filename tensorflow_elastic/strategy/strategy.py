@@ -109,16 +109,17 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
 
     def broadcast_variables(self, variables: list, source: int, receivers: list[int]) -> None:
         """Gives the `receivers`' `variables` the `source` member's values; the source and the
-        receivers call it. When every other member receives, it runs in the step's group (one
-        group to resolve per generation); otherwise in a group of the source and the receivers,
-        so that members which hold the state already neither receive it nor wait for it."""
-        if len(receivers) == self._num_workers - 1:
+        receivers call it. Members which hold the state already neither receive it nor wait
+        for it, and each receiver takes it in a group of its own with the source (the step's
+        group when it is the only other member: one group to resolve per generation)."""
+        if self._num_workers == 2 and len(receivers) == 1:
             shared = self._broadcast_shares
-            group_size, group_key = shared.runtime_group_size.value, shared.runtime_group_key.value
+            self._broadcaster.broadcast(variables, self._node_id == source,
+                                        shared.runtime_group_size.value,
+                                        shared.runtime_group_key.value)
         else:
-            group_size = 1 + len(receivers)
-            group_key = collectives.sync_group_key(self._generation)
-        self._broadcaster.broadcast(variables, self._node_id == source, group_size, group_key)
+            self._broadcaster.broadcast_in_pairs(variables, self._node_id, source, receivers,
+                                                 self._generation)
 
     def prepare_to_receive(self, variables: list) -> None:
         """Traces the receiving side of broadcast_variables() ahead of time (a joining node)."""

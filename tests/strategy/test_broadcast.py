@@ -16,6 +16,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+# What a re-form repairs (see cluster.is_recoverable).
+RECOVERABLE = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
+
+
 def _initial(node_id):
     """The worker's initial values on `node_id` (the same generator as broadcast_worker.py)."""
     rng = np.random.RandomState(node_id)
@@ -24,7 +28,7 @@ def _initial(node_id):
             float(node_id), [], rng.randn(2, 1000).astype(np.float16).tolist()]
 
 
-def test_the_receivers_get_the_sources_values_whatever_the_dtype_shape_chunking_or_group(tmp_path):
+def test_the_receivers_get_the_sources_values_and_a_receiver_that_differs_fails_alone(tmp_path):
     held = [net.hold_port("127.0.0.1") for _ in range(3)]
     members = {i: f"127.0.0.1:{s.getsockname()[1]}" for i, s in enumerate(held)}
     for s in held:
@@ -35,7 +39,7 @@ def test_the_receivers_get_the_sources_values_whatever_the_dtype_shape_chunking_
     outs = [tmp_path / f"worker-{i}.out" for i in members]
     errs = [tmp_path / f"worker-{i}.err" for i in members]
     workers = [subprocess.Popen([sys.executable, os.path.join(HERE, "broadcast_worker.py"),
-                                 str(i), json.dumps(members)], stdout=out.open("w"),
+                                 str(i), json.dumps(members), str(tmp_path)], stdout=out.open("w"),
                                 stderr=err.open("w"), env=env)
                for i, out, err in zip(members, outs, errs)]
     try:
@@ -49,7 +53,8 @@ def test_the_receivers_get_the_sources_values_whatever_the_dtype_shape_chunking_
     outputs = [(out.read_text(), err.read_text()) for out, err in zip(outs, errs)]
     for w, (_, stderr) in zip(workers, outputs):
         assert w.returncode == 0, stderr[-3000:]
-    lines = [json.loads(line) for out, _ in outputs for line in out.splitlines()]
+    records = [json.loads(line) for out, _ in outputs for line in out.splitlines()]
+    lines = [r for r in records if r["generation"] < 5]
     by_generation = {g: [r for r in lines if r["generation"] == g] for g in (1, 2)}
     # Generation 1 from node 1, generation 2 from node 0: node 1's values stay everywhere.
     for generation in (1, 2):
@@ -62,8 +67,13 @@ def test_the_receivers_get_the_sources_values_whatever_the_dtype_shape_chunking_
     for record in lines:
         if record["generation"] == 3:
             assert record["values"][:4] == _initial(1)[:4]
-    # Generation 4, from node 0 to every member again.
+    # Generation 4, from node 0 to each other member in turn.
     assert {r["node"]: r["values"][4] for r in lines if r["generation"] == 4} == {0: 7.0, 1: 7.0,
                                                                                  2: 7.0}
     # 64-byte chunks: the 37x5 float32 variable goes in 12 pieces, the empty one in none.
     assert lines[0]["chunks"] == [12, 1, 1, 1, 1, 0, 63]
+    # Generation 5, node 0 to node 1 (whose first variable has another shape), then node 2:
+    # only node 1 gets the mismatch; the others' collectives end when they are aborted.
+    errors = {r["node"]: r["error"] for r in records if r["generation"] == 5}
+    assert errors[1] == "InvalidArgumentError"
+    assert errors[0] in RECOVERABLE and errors[2] in RECOVERABLE, errors
