@@ -117,8 +117,9 @@ def is_recoverable(error: BaseException) -> bool:
 
 
 def is_mismatch(error: BaseException) -> bool:
-    """A collective whose members disagree on what they exchange (shapes, sizes): in a state sync,
-    a newcomer's state that differs in a way its variable layout did not show."""
+    """A collective whose members disagree on what they exchange: in a state sync, a newcomer's
+    state that differs in a way its variable layout did not show. TensorFlow reports a shape
+    that differs as InvalidArgument, a dtype or an instance that differs as Internal."""
     from tensorflow.python.framework import errors
 
-    return isinstance(error, errors.InvalidArgumentError)
+    return isinstance(error, (errors.InvalidArgumentError, errors.InternalError))

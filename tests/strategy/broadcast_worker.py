@@ -76,9 +76,11 @@ else:
     threading.Thread(target=abort_when_node_1_failed, daemon=True).start()
 try:
     broadcaster.broadcast_in_pairs(variables, node_id, 0, [1, 2], 5)
-    error = None
+    error = message = None
 except tf.errors.OpError as e:
     error = type(e).__name__
+    message = next((line for line in e.message.splitlines() if "aborted by" in line), e.message)
     if node_id == 1:
         open(failed_file, "w").close()
-print(json.dumps({"generation": 5, "node": node_id, "error": error}), flush=True)
+print(json.dumps({"generation": 5, "node": node_id, "error": error, "message": message}),
+      flush=True)

@@ -44,35 +44,44 @@ class _Session:
         self.left.append(reason)
 
 
+# How TensorFlow fails a collective whose members differ: in shape, in dtype.
+MISMATCHES = [tf.errors.InvalidArgumentError, tf.errors.InternalError]
+
+
 class _MismatchOnce(tfe.State):
-    """A state whose first sync fails as the broadcast does when shapes differ."""
+    """A state whose first sync fails as the broadcast does when the members' tensors differ."""
+
+    error = tf.errors.InvalidArgumentError
 
     def sync(self):
         if not getattr(self, "failed", False):
             object.__setattr__(self, "failed", True)
-            raise tf.errors.InvalidArgumentError(None, None, "Shape mismatch in the collective")
+            raise self.error(None, None, "Collective instance 1073741825 differs")
         # Later syncs: the members alone, in step (nothing to take).
 
 
-def _run(monkeypatch, standby: bool, commits: int):
+def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgumentError):
     session = _Session(standby)
     failures = []
     monkeypatch.setattr(runtime_lib, "current", lambda: SimpleNamespace(
         session=session, report_failure=failures.append))
     state = _MismatchOnce(step=0)
+    object.__setattr__(state, "error", error)
     object.__setattr__(state, "_commits", commits)
     object.__setattr__(state, "_saved_commits", commits)
     return session, state, tfe.run(lambda state: "trained")
 
 
-def test_members_re_form_when_a_newcomer_breaks_their_sync(monkeypatch):
-    session, state, train = _run(monkeypatch, standby=False, commits=5)
+@pytest.mark.parametrize("error", MISMATCHES)
+def test_members_re_form_when_a_newcomer_breaks_their_sync(monkeypatch, error):
+    session, state, train = _run(monkeypatch, standby=False, commits=5, error=error)
     assert train(state) == "trained"
     assert session.reforms == 1 and session.left == []
 
 
-def test_a_newcomer_whose_sync_fails_leaves_saying_why(monkeypatch):
-    session, state, train = _run(monkeypatch, standby=True, commits=0)
+@pytest.mark.parametrize("error", MISMATCHES)
+def test_a_newcomer_whose_sync_fails_leaves_saying_why(monkeypatch, error):
+    session, state, train = _run(monkeypatch, standby=True, commits=0, error=error)
     with pytest.raises(StateLayoutMismatch, match="could not be synced from the members'"):
         train(state)
     assert len(session.left) == 1 and session.left[0].startswith("state sync failed")
