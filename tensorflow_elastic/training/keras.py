@@ -216,15 +216,24 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
 
     def set_model(self, model: Any) -> None:
+        # Keras 3's TensorBoard writes the model's summary here. Every `fit` call sets the model
+        # again, so a member that becomes chief at a re-form gets it at the next one.
         super().set_model(model)
-        self.callback.set_model(model)
+        if self._runs_here():
+            self.callback.set_model(model)
 
     def set_params(self, params: dict) -> None:
         super().set_params(params)
         self.callback.set_params(params)
 
     def _runs_here(self) -> bool:
-        return self._everywhere or _is_chief()
+        """Whether the wrapped callback runs on this member now; it gets the model first when
+        this member has become chief since the `fit` call began."""
+        if not (self._everywhere or _is_chief()):
+            return False
+        if getattr(self.callback, "model", None) is None and self.model is not None:
+            self.callback.set_model(self.model)
+        return True
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self._runs_here():

@@ -6,8 +6,8 @@ times each id was trained on (only_first_replica + an explicit all-reduce,
 the way that counts correctly under a strategy).
 
 The input is shuffled (`.shuffle` before the batch: the elastic input makes
-it a per-epoch order every member shares). A CSVLogger and a ModelCheckpoint
-write into KERAS_FIT_OUT (they must run on the current chief only). With
+it a per-epoch order every member shares). A CSVLogger, a ModelCheckpoint and
+a TensorBoard write into KERAS_FIT_OUT (they must run on the current chief only). With
 KERAS_FIT_PLAIN=1 the worker calls a plain `model.fit` with the elastic
 callback (and wraps the file writers itself) instead of `fit_elastic`.
 KERAS_FIT_DIE_IN_SYNC=1 makes a newcomer SIGKILL itself in its state sync,
@@ -119,6 +119,7 @@ class LastValidation(keras.callbacks.Callback):
 
 csv_logger = keras.callbacks.CSVLogger(CSV_PATH)
 checkpoint = keras.callbacks.ModelCheckpoint(CHECKPOINT_PATH, save_weights_only=True)
+tensorboard = keras.callbacks.TensorBoard(os.path.join(OUT, "tensorboard"))
 
 
 def evaluate_and_predict():
@@ -196,11 +197,13 @@ def train(state):
                   callbacks=[tfe.keras.ElasticCallback(state, backup=BACKUP), Report(),
                              LastValidation(),
                              tfe.keras.ChiefOnly(csv_logger, state),
-                             tfe.keras.ChiefOnly(checkpoint, state)])
+                             tfe.keras.ChiefOnly(checkpoint, state),
+                             tfe.keras.ChiefOnly(tensorboard, state)])
     else:
         tfe.keras.fit_elastic(model, state, dataset, epochs=EPOCHS, verbose=0,
                               validation_data=validation, backup=BACKUP,
-                              callbacks=[Report(), LastValidation(), csv_logger, checkpoint])
+                              callbacks=[Report(), LastValidation(), csv_logger, checkpoint,
+                                         tensorboard])
     return evaluate_and_predict()
 
 

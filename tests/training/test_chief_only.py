@@ -8,7 +8,8 @@ from tensorflow_elastic.training import keras as keras_lib
 
 
 @pytest.fixture
-def checkpoint(tmp_path):
+def checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: False)
     model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
     callback = tf.keras.callbacks.ModelCheckpoint(str(tmp_path / "best.weights.h5"),
                                                   monitor="val_loss", save_best_only=True,
@@ -22,7 +23,6 @@ def checkpoint(tmp_path):
 def test_a_member_writes_nothing_and_a_new_chief_saves_only_what_beats_the_best(
         checkpoint, monkeypatch):
     wrapped, path = checkpoint
-    monkeypatch.setattr(keras_lib, "_is_chief", lambda: False)
     wrapped.on_epoch_end(0, {"val_loss": 0.5})
     assert not path.exists() and wrapped.callback.best == 0.5
     monkeypatch.setattr(keras_lib, "_is_chief", lambda: True)  # the chief died: this one leads
@@ -30,3 +30,16 @@ def test_a_member_writes_nothing_and_a_new_chief_saves_only_what_beats_the_best(
     assert not path.exists() and wrapped.callback.best == 0.5
     wrapped.on_epoch_end(2, {"val_loss": 0.4})
     assert path.exists() and wrapped.callback.best == 0.4
+
+
+def test_only_the_chief_gives_the_callback_the_model(tmp_path, monkeypatch):
+    """Keras 3's TensorBoard writes the model's summary when it is given the model."""
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    wrapped = tfe.keras.ChiefOnly(tf.keras.callbacks.TensorBoard(str(tmp_path / "logs")),
+                                  tfe.State(epoch=0, batch=0))
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: False)
+    wrapped.set_model(model)
+    assert wrapped.callback.model is None and not (tmp_path / "logs").exists()
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: True)
+    wrapped.set_model(model)
+    assert wrapped.callback.model is model and list((tmp_path / "logs").rglob("events.*"))

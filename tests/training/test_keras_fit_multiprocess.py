@@ -106,7 +106,8 @@ def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
     assert "could not be synced from the members'" in misshapen.log_tail(), misshapen.log_tail()
     results = _results(finishers)
     _check_against_the_reference(results, _reference(subprocess_env, legacy))
-    _check_files_of_the_current_chief(tmp_path, results, min(w.node_id for w in finishers))
+    _check_files_of_the_current_chief(tmp_path, results, _node(finishers, min(
+        w.node_id for w in finishers)), earlier_chiefs=[chief])
 
 
 def _results(workers) -> list[dict]:
@@ -142,13 +143,17 @@ def test_a_job_restarted_as_a_whole_resumes_from_the_chiefs_backup(
     results = _results(second)
     assert all(w.steps[0]["step"] > STEPS // 3 for w in second), "the job started over"
     _check_against_the_reference(results, _reference(subprocess_env, legacy))
-    _check_files_of_the_current_chief(tmp_path, results, min(w.node_id for w in second))
+    _check_files_of_the_current_chief(tmp_path, results, _node(second, min(
+        w.node_id for w in second)), earlier_chiefs=[_node(first, min(w.node_id for w in first))])
 
 
-def _check_files_of_the_current_chief(out, results, chief_id):
+def _check_files_of_the_current_chief(out, results, chief, earlier_chiefs):
     """The surviving member that became chief wrote the CSV log on from where its predecessor
     stopped (one header, every epoch, in order); nobody else wrote; its last checkpoint holds
-    the final weights."""
+    the final weights; TensorBoard's event files come from the chiefs alone, the last one
+    included."""
+    chief_id = chief.node_id
+    writers = sorted(r["node"] for r in results if r["wrote_csv"])
     writers = sorted(r["node"] for r in results if r["wrote_csv"])
     assert writers == [chief_id], f"the CSV log was written by {writers}, not only the chief"
     with open(out / "log.csv", newline="") as f:
@@ -161,3 +166,10 @@ def _check_files_of_the_current_chief(out, results, chief_id):
         list(range(EPOCHS)), rows
     chief_result = next(r for r in results if r["node"] == chief_id)
     assert chief_result["checkpoint_weights"] == chief_result["weights"]
+    # events.out.tfevents.<time>.<host>.<pid>.<n>.v2; tf-keras' own non-chief writes go to
+    # workertemp_<n> directories it removes (a killed worker's may stay).
+    event_files = [path for path in (out / "tensorboard").rglob("events.out.tfevents.*")
+                   if not any(part.startswith("workertemp_") for part in path.parts)]
+    pids = {int(path.name.split(".")[-3]) for path in event_files}
+    assert chief.proc.pid in pids, (chief.proc.pid, event_files)
+    assert pids <= {chief.proc.pid, *(w.proc.pid for w in earlier_chiefs)}, (pids, event_files)
