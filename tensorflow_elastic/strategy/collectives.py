@@ -42,7 +42,11 @@ def sync_group_key(generation: int, receiver_index: int) -> int:
     if not 0 <= receiver_index < SYNC_GROUPS_PER_GENERATION:
         raise ValueError(f"a state sync has at most {SYNC_GROUPS_PER_GENERATION} receivers, "
                          f"not {receiver_index + 1}")
-    return SYNC_GROUP_KEY_START + generation * SYNC_GROUPS_PER_GENERATION + receiver_index
+    key = SYNC_GROUP_KEY_START + generation * SYNC_GROUPS_PER_GENERATION + receiver_index
+    if key >= 1 << 31:
+        raise ValueError(f"generation {generation} is past the last one whose state sync has "
+                         f"a group key (about 1.8 million re-forms): start a new run")
+    return key
 
 
 def building_function() -> bool:
@@ -226,11 +230,11 @@ class VariableBroadcaster:
     go in chunks, so the transfers of one variable overlap. Group size and key
     are runtime inputs read from variables, so the traced functions (one for
     sending, one for receiving, per list of variables) serve every generation
-    and every group: the training step's own when every member receives (the
-    instance keys are far from the step's: the broadcast, the first collective
-    of a new generation, resolves the group, and the first step after it does
-    not wait for that again), or pairs of the source and each member that needs
-    the state (a growth: each newcomer).
+    and every group: the training step's own at the job's start or in a world
+    of two (the instance keys are far from the step's: the broadcast, the first
+    collective of a new generation, resolves the group, and the first step
+    after it does not wait for that again), or otherwise pairs of the source and
+    each member that needs the state (a growth: each newcomer).
     """
 
     def __init__(self, device: str, chunk_bytes: int = 4 << 20):

@@ -107,12 +107,16 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._host_cross_device_ops.regroup(world, self._collective_keys)
         self._set_members(members, generation)
 
-    def broadcast_variables(self, variables: list, source: int, receivers: list[int]) -> None:
+    def broadcast_variables(self, variables: list, source: int, receivers: list[int], *,
+                            one_group: bool = False) -> None:
         """Gives the `receivers`' `variables` the `source` member's values; the source and the
         receivers call it. Members which hold the state already neither receive it nor wait
-        for it, and each receiver takes it in a group of its own with the source (the step's
-        group when it is the only other member: one group to resolve per generation)."""
-        if self._num_workers == 2 and len(receivers) == 1:
+        for it, and each receiver takes it in a group of its own with the source (see
+        VariableBroadcaster.broadcast_in_pairs). `one_group`: when every other member
+        receives, they all do in the step's group instead, which the first step then finds
+        resolved; for the job's start, where no newcomer can be at fault. In a world of two
+        the one pair is the step's group anyway."""
+        if len(receivers) == self._num_workers - 1 and (one_group or len(receivers) == 1):
             shared = self._broadcast_shares
             self._broadcaster.broadcast(variables, self._node_id == source,
                                         shared.runtime_group_size.value,

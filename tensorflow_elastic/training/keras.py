@@ -216,10 +216,10 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
 
     def set_model(self, model: Any) -> None:
-        # Keras 3's TensorBoard writes the model's summary here. Every `fit` call sets the model
-        # again, so a member that becomes chief at a re-form gets it at the next one.
+        # Keras 3's TensorBoard writes the model's summary here: on the chief only. A re-form
+        # ends the `fit` call; the next one sets the model again, on the chief of then.
         super().set_model(model)
-        if self._runs_here():
+        if self._runs_here() or self._follows_best():
             self.callback.set_model(model)
 
     def set_params(self, params: dict) -> None:
@@ -227,13 +227,12 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         self.callback.set_params(params)
 
     def _runs_here(self) -> bool:
-        """Whether the wrapped callback runs on this member now; it gets the model first when
-        this member has become chief since the `fit` call began."""
-        if not (self._everywhere or _is_chief()):
-            return False
-        if getattr(self.callback, "model", None) is None and self.model is not None:
-            self.callback.set_model(self.model)
-        return True
+        return self._everywhere or _is_chief()
+
+    def _follows_best(self) -> bool:
+        """Whether the other members follow the callback's best value (Keras 3 best-only
+        checkpoints, which write nothing when given the model)."""
+        return bool(getattr(self.callback, "save_best_only", False))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         if not self._runs_here():
@@ -245,10 +244,15 @@ class ChiefOnly(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         if self._runs_here():
             self.callback.on_epoch_end(epoch, logs)
-        elif getattr(self.callback, "save_best_only", False):
+        elif self._follows_best():
             # A member that becomes chief later saves only what beats the best saved so far.
             current = (logs or {}).get(self.callback.monitor)
-            if current is not None and self.callback._is_improvement(current, self.callback.best):
+            if current is None:
+                return
+            if getattr(self.callback, "monitor_op", True) is None:
+                # Keras 3 chooses the comparison at the first epoch's end, from the metrics.
+                self.callback._set_monitor_op()
+            if self.callback._is_improvement(current, self.callback.best):
                 self.callback.best = current
 
 

@@ -71,6 +71,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
         session.enter_training()
         reforms_without_progress = 0
         change: _Change | None = None
+        last_failure: BaseException | None = None
         while True:
             commits_before = state.commits
             in_step = False
@@ -101,9 +102,12 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                             session.generation)
                 change = _Change.failure(change, session, "a member lost during the state sync", 0)
             except Exception as error:  # noqa: BLE001 - filtered just below
-                if not in_step and is_mismatch(error) and newcomer and commits_before == 0:
-                    # A newcomer whose state does not fit the members': it leaves, they
-                    # re-form without it (below, on their side).
+                if (not in_step and is_mismatch(error) and newcomer and commits_before == 0
+                        and not session.moved_on()):
+                    # A newcomer whose state does not fit the members' (its transfer, in a
+                    # group of its own with the source, failed): it leaves, they re-form
+                    # without it (below, on their side). A generation that ended meanwhile
+                    # may be the cause instead: then it re-forms, and fails alone next time.
                     # The orchestrator keeps short reasons; the error itself says it all.
                     session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
                     raise StateLayoutMismatch(
@@ -118,6 +122,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 # The steps finished since the last commit, plus the one in flight.
                 lost_steps = state.uncommitted_steps() + 1 if in_step else 0
                 change = _Change.failure(change, session, type(error).__name__, lost_steps)
+                last_failure = error
                 rt.report_failure(error)
                 state.restore()
                 session.events.record(events.STATE_RESTORED, node=session.node_id,
@@ -131,7 +136,7 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 if reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
                     raise ElasticJobFailed(
                         f"{reforms_without_progress} re-forms in a row without a single commit; "
-                        f"giving up (see the events file for the failures)")
+                        f"giving up (see the events file for the failures)") from last_failure
             else:
                 reforms_without_progress = 0
             session.reform()

@@ -258,8 +258,11 @@ class TensorFlowState(State):
             session = runtime_lib.current().session
             if session.node_id == furthest.source or session.node_id in furthest.receivers:
                 started = time.perf_counter()
+                # Before the first commit a differing state is a bug to fix, not a newcomer's
+                # fault (see tfe.run): no need to tell the receivers apart.
                 _strategy().extended.broadcast_variables(variables, furthest.source,
-                                                         furthest.receivers)
+                                                         furthest.receivers,
+                                                         one_group=furthest.commits == 0)
                 session.events.record(events.STATE_SYNCED, node=session.node_id,
                                       generation=session.generation, source=furthest.source,
                                       receivers=furthest.receivers,
@@ -349,8 +352,8 @@ def _check_layouts(variables: list[tf.Variable], source: int) -> None:
 
     A node whose layout differs raises StateLayoutMismatch naming the first
     variable that differs (it then leaves); the others raise GenerationEnded
-    and re-form without it. Without this check the sync's all-reduce fails
-    on every member with a shape mismatch.
+    and re-form without it. Without this check the sync's broadcast fails
+    with a mismatch, and only where the differing node takes part.
     """
     session = runtime_lib.current().session
     layouts = {node_id: pickle.loads(blob) for node_id, blob in

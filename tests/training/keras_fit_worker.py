@@ -13,8 +13,8 @@ callback (and wraps the file writers itself) instead of `fit_elastic`.
 KERAS_FIT_DIE_IN_SYNC=1 makes a newcomer SIGKILL itself in its state sync,
 when the members are about to send it their variables; with
 KERAS_FIT_BAD_SYNC=1 a newcomer receives its first variable with a shape other
-than the members send (a state that differs past the layout check): the
-broadcast fails with InvalidArgumentError on both sides. KERAS_FIT_BACKUP=1: the
+than the members send (a state that differs past the layout check): its
+transfer fails with a mismatch (InvalidArgumentError or InternalError). KERAS_FIT_BACKUP=1: the
 chief writes the state to KERAS_FIT_OUT at every epoch's end, and a worker
 starting reads it from there first (a job restarted as a whole resumes).
 The learning rate decays with the optimizer's iterations (the global step). After
@@ -162,7 +162,7 @@ if REFERENCE:
     report_done(*evaluate_and_predict())
 
 if os.environ.get("KERAS_FIT_DIE_IN_SYNC") == "1":
-    def die(variables, source, receivers):
+    def die(variables, source, receivers, **options):
         os.kill(os.getpid(), signal.SIGKILL)
 
     strategy.extended.broadcast_variables = die
@@ -172,8 +172,8 @@ if os.environ.get("KERAS_FIT_BAD_SYNC") == "1":
     with tf.device("/cpu:0"):
         misshapen = tf.Variable(tf.zeros([7]))
 
-    def broadcast_misshapen(variables, source, receivers):
-        broadcast([misshapen, *variables[1:]], source, receivers)
+    def broadcast_misshapen(variables, source, receivers, **options):
+        broadcast([misshapen, *variables[1:]], source, receivers, **options)
 
     strategy.extended.broadcast_variables = broadcast_misshapen
 

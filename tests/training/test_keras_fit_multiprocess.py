@@ -154,7 +154,6 @@ def _check_files_of_the_current_chief(out, results, chief, earlier_chiefs):
     included."""
     chief_id = chief.node_id
     writers = sorted(r["node"] for r in results if r["wrote_csv"])
-    writers = sorted(r["node"] for r in results if r["wrote_csv"])
     assert writers == [chief_id], f"the CSV log was written by {writers}, not only the chief"
     with open(out / "log.csv", newline="") as f:
         rows = list(csv.reader(f))
@@ -167,7 +166,8 @@ def _check_files_of_the_current_chief(out, results, chief, earlier_chiefs):
     chief_result = next(r for r in results if r["node"] == chief_id)
     assert chief_result["checkpoint_weights"] == chief_result["weights"]
     # events.out.tfevents.<time>.<host>.<pid>.<n>.v2; tf-keras' own non-chief writes go to
-    # workertemp_<n> directories it removes (a killed worker's may stay).
+    # workertemp_<n> directories it removes at the end of a `fit` (one a re-form cut short
+    # stays).
     event_files = [path for path in (out / "tensorboard").rglob("events.out.tfevents.*")
                    if not any(part.startswith("workertemp_") for part in path.parts)]
     pids = {int(path.name.split(".")[-3]) for path in event_files}

@@ -12,11 +12,13 @@ import tensorflow as tf
 import tensorflow_elastic as tfe
 from tensorflow_elastic.errors import StateLayoutMismatch
 from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.training import loop
 
 
 class _Session:
-    def __init__(self, standby: bool):
+    def __init__(self, standby: bool, moved_on: bool = False):
         self.standby = standby
+        self._moved_on = moved_on
         self.node_id = 2
         self.generation = 3
         self.membership = SimpleNamespace(chief_id=1, members={1: "a", 2: "b"}, generation=3,
@@ -32,7 +34,7 @@ class _Session:
         pass
 
     def moved_on(self):
-        return False
+        return self._moved_on
 
     def reform(self):
         self.reforms += 1
@@ -49,24 +51,29 @@ MISMATCHES = [tf.errors.InvalidArgumentError, tf.errors.InternalError]
 
 
 class _MismatchOnce(tfe.State):
-    """A state whose first sync fails as the broadcast does when the members' tensors differ."""
+    """A state whose first `failures` syncs fail as the broadcast does when the members'
+    tensors differ."""
 
     error = tf.errors.InvalidArgumentError
+    failures = 1
 
     def sync(self):
-        if not getattr(self, "failed", False):
-            object.__setattr__(self, "failed", True)
+        failed = getattr(self, "failed", 0)
+        if failed < self.failures:
+            object.__setattr__(self, "failed", failed + 1)
             raise self.error(None, None, "Collective instance 1073741825 differs")
         # Later syncs: the members alone, in step (nothing to take).
 
 
-def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgumentError):
-    session = _Session(standby)
-    failures = []
+def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgumentError,
+         moved_on: bool = False, failures: int = 1):
+    session = _Session(standby, moved_on)
+    failures_reported = []
     monkeypatch.setattr(runtime_lib, "current", lambda: SimpleNamespace(
-        session=session, report_failure=failures.append))
+        session=session, report_failure=failures_reported.append))
     state = _MismatchOnce(step=0)
     object.__setattr__(state, "error", error)
+    object.__setattr__(state, "failures", failures)
     object.__setattr__(state, "_commits", commits)
     object.__setattr__(state, "_saved_commits", commits)
     return session, state, tfe.run(lambda state: "trained")
@@ -93,3 +100,19 @@ def test_a_mismatch_at_the_start_of_a_job_is_a_bug_to_fix(monkeypatch):
     with pytest.raises(tf.errors.InvalidArgumentError):
         train(state)
     assert session.left == [] and session.reforms == 0
+
+
+def test_a_newcomer_whose_sync_fails_after_the_generation_ended_re_forms(monkeypatch):
+    """The end of the generation, not this node's state, may be what failed its transfer."""
+    session, state, train = _run(monkeypatch, standby=True, commits=0, moved_on=True)
+    assert train(state) == "trained"
+    assert session.left == [] and session.reforms == 1
+
+
+def test_re_forms_that_never_get_to_commit_end_the_job_with_the_last_failure(monkeypatch):
+    session, state, train = _run(monkeypatch, standby=False, commits=5,
+                                 error=tf.errors.InternalError, failures=100)
+    with pytest.raises(tfe.ElasticJobFailed, match="without a single commit") as failed:
+        train(state)
+    assert isinstance(failed.value.__cause__, tf.errors.InternalError)
+    assert session.reforms == loop.MAX_REFORMS_WITHOUT_PROGRESS

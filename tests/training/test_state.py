@@ -133,8 +133,9 @@ def _members_ahead(monkeypatch, broadcast, events_file=None, layouts=None):
 def _receive(values):
     """A broadcast in which node 1 receives `values`."""
 
-    def broadcast(variables, source, receivers):
-        assert (source, receivers) == (0, [1])
+    def broadcast(variables, source, receivers, one_group):
+        # A node behind the members: each receiver apart (it may be a newcomer at fault).
+        assert (source, receivers, one_group) == (0, [1], False)
         for variable, value in zip(variables, values):
             variable.assign(value)
 
@@ -167,7 +168,7 @@ def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
 
-    def peer_lost(variables, source, receivers):
+    def peer_lost(variables, source, receivers, one_group):
         variables[0].assign([5.0])  # received before the peer was lost
         raise tf.errors.UnavailableError(None, None, "peer lost")
 
@@ -253,17 +254,18 @@ def test_members_at_the_same_commit_keep_their_variables_and_move_nothing(monkey
     state.step = 7
     object.__setattr__(state, "_commits", 7)
     broadcasts = []
-    _members_ahead(monkeypatch, lambda variables, source, receivers: broadcasts.append(source))
+    _members_ahead(monkeypatch, lambda variables, source, receivers, one_group: broadcasts.append(source))
     state.sync()
     assert broadcasts == []
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
 
 
 def _recording_broadcasts(monkeypatch, session) -> list:
-    """A fake runtime around `session` whose broadcasts only record (source, receivers)."""
+    """A fake runtime around `session` whose broadcasts only record (source, receivers,
+    one_group)."""
     broadcasts = []
-    extended = SimpleNamespace(
-        broadcast_variables=lambda v, source, receivers: broadcasts.append((source, receivers)))
+    extended = SimpleNamespace(broadcast_variables=lambda v, source, receivers, one_group:
+                               broadcasts.append((source, receivers, one_group)))
     monkeypatch.setattr(runtime_lib, "current",
                         lambda: SimpleNamespace(session=session,
                                                 strategy=SimpleNamespace(extended=extended)))
@@ -279,8 +281,9 @@ def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
                                   1: blob})
     broadcasts = _recording_broadcasts(monkeypatch, session)
     state.sync()
-    # Every member initialized its own variables: even at zero commits they differ.
-    assert broadcasts == [(0, [1])]
+    # Every member initialized its own variables: even at zero commits they differ. At the
+    # start nobody is a newcomer to blame: one group.
+    assert broadcasts == [(0, [1], True)]
 
 
 def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync(monkeypatch):
@@ -300,7 +303,7 @@ def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync(monk
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
 
 
-def _never_broadcast(tensors, source, receivers):
+def _never_broadcast(tensors, source, receivers, one_group):
     raise AssertionError("no variable may be sent when the layouts differ")
 
 
