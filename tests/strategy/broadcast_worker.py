@@ -1,4 +1,4 @@
-"""A worker of test_broadcast.py: one member of a real 3-process TensorFlow cluster.
+"""A worker of test_broadcast.py: one member of a real 4-process TensorFlow cluster.
 
 argv: this node's id, the members as JSON {id: "host:port"}, a directory to
 share files in. Broadcasts variables of uneven dtypes and shapes (small chunks,
@@ -6,8 +6,8 @@ so large ones travel in several) from one source, then, in the next
 generation, from another, both to every member; then, after each member
 changed its scalar, from node 2 to node 1 only (a pair without the collective
 leader, node 0), and from node 0 to each other member in turn; prints each
-member's values as one JSON line per broadcast. Last, node 0 sends to nodes 1
-and 2 in turn while node 1 holds a variable of another shape: node 1 writes a
+member's values as one JSON line per broadcast. Last, node 0 sends to nodes 1,
+2 and 3 in turn while node 1 holds a variable of another shape: node 1 writes a
 file when its transfer fails, and on seeing it the others abort their
 collectives, as the runtime does when the generation ends; each prints the
 error it got.
@@ -55,7 +55,7 @@ for generation, source in ((1, 1), (2, 0)):
     report(generation)
 # Generation 4 also keeps node 0 (the collective leader, which resolves every group) up while
 # the others resolve the pair of generation 3.
-for generation, source, receivers in ((3, 2, [1]), (4, 0, [1, 2])):
+for generation, source, receivers in ((3, 2, [1]), (4, 0, [1, 2, 3])):
     if generation == 3:
         variables[4].assign(10.0 * node_id + 7)
     broadcaster.broadcast_in_pairs(variables, node_id, source, receivers, generation)
@@ -75,7 +75,7 @@ if node_id == 1:
 else:
     threading.Thread(target=abort_when_node_1_failed, daemon=True).start()
 try:
-    broadcaster.broadcast_in_pairs(variables, node_id, 0, [1, 2], 5)
+    broadcaster.broadcast_in_pairs(variables, node_id, 0, [1, 2, 3], 5)
     error = message = None
 except tf.errors.OpError as e:
     error = type(e).__name__
