@@ -123,3 +123,11 @@ def is_mismatch(error: BaseException) -> bool:
     from tensorflow.python.framework import errors
 
     return isinstance(error, (errors.InvalidArgumentError, errors.InternalError))
+
+
+def is_another_groups_mismatch(error: BaseException) -> bool:
+    """A mismatch that reached this node while it resolved its group (`CompleteGroup`): a group
+    has no shapes to differ on, so it is the abort of a peer that took part in another group's
+    failed collective (in a state sync, a member that sent to a differing newcomer before this
+    node's turn), not a fault of this node's tensors."""
+    return is_mismatch(error) and "WorkerService/CompleteGroup" in str(error)

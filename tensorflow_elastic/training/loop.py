@@ -12,7 +12,8 @@ from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, Member
                                        StateLayoutMismatch)
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.strategy import runtime as runtime_lib
-from tensorflow_elastic.strategy.cluster import is_mismatch, is_recoverable
+from tensorflow_elastic.strategy.cluster import (is_another_groups_mismatch, is_mismatch,
+                                                 is_recoverable)
 from tensorflow_elastic.training.state import State
 
 logger = logging.getLogger(__name__)
@@ -103,11 +104,12 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                 change = _Change.failure(change, session, "a member lost during the state sync", 0)
             except Exception as error:  # noqa: BLE001 - filtered just below
                 if (not in_step and is_mismatch(error) and newcomer and commits_before == 0
-                        and not session.moved_on()):
+                        and not is_another_groups_mismatch(error) and not session.moved_on()):
                     # A newcomer whose state does not fit the members' (its transfer, in a
                     # group of its own with the source, failed): it leaves, they re-form
-                    # without it (below, on their side). A generation that ended meanwhile
-                    # may be the cause instead: then it re-forms, and fails alone next time.
+                    # without it (below, on their side). Another newcomer's mismatch passed on
+                    # by the source, or a generation that ended meanwhile, may be the cause
+                    # instead: then it re-forms (and fails alone next time if it is at fault).
                     # The orchestrator keeps short reasons; the error itself says it all.
                     session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
                     raise StateLayoutMismatch(
@@ -115,7 +117,8 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                         f"build the same model, optimizer and inputs on every node before "
                         f"training") from error
                 if not (is_recoverable(error) or session.moved_on()
-                        or (not in_step and is_mismatch(error) and commits_before > 0)):
+                        or (not in_step and is_mismatch(error)
+                            and (commits_before > 0 or newcomer))):
                     raise
                 session.check_job_alive()
                 logger.info("collective failed (%s); re-forming", type(error).__name__)

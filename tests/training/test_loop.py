@@ -61,12 +61,13 @@ class _MismatchOnce(tfe.State):
         failed = getattr(self, "failed", 0)
         if failed < self.failures:
             object.__setattr__(self, "failed", failed + 1)
-            raise self.error(None, None, "Collective instance 1073741825 differs")
+            raise self.error(None, None, self.message)
         # Later syncs: the members alone, in step (nothing to take).
 
 
 def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgumentError,
-         moved_on: bool = False, failures: int = 1):
+         moved_on: bool = False, failures: int = 1,
+         message: str = "Collective instance 1073741825 differs"):
     session = _Session(standby, moved_on)
     failures_reported = []
     monkeypatch.setattr(runtime_lib, "current", lambda: SimpleNamespace(
@@ -74,6 +75,7 @@ def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgume
     state = _MismatchOnce(step=0)
     object.__setattr__(state, "error", error)
     object.__setattr__(state, "failures", failures)
+    object.__setattr__(state, "message", message)
     object.__setattr__(state, "_commits", commits)
     object.__setattr__(state, "_saved_commits", commits)
     return session, state, tfe.run(lambda state: "trained")
@@ -105,6 +107,17 @@ def test_a_mismatch_at_the_start_of_a_job_is_a_bug_to_fix(monkeypatch):
 def test_a_newcomer_whose_sync_fails_after_the_generation_ended_re_forms(monkeypatch):
     """The end of the generation, not this node's state, may be what failed its transfer."""
     session, state, train = _run(monkeypatch, standby=True, commits=0, moved_on=True)
+    assert train(state) == "trained"
+    assert session.left == [] and session.reforms == 1
+
+
+def test_a_newcomer_that_gets_another_newcomer_s_mismatch_re_forms(monkeypatch):
+    """Its turn in the sync never came: the source's abort reached it while it resolved its
+    group with the source."""
+    session, state, train = _run(monkeypatch, standby=True, commits=0, message=(
+        "Collective ops is aborted by: Shape mismatch in the collective instance 1073741825.\n"
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 "
+        "while calling /tensorflow.WorkerService/CompleteGroup:"))
     assert train(state) == "trained"
     assert session.left == [] and session.reforms == 1
 
