@@ -103,22 +103,23 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                             session.generation)
                 change = _Change.failure(change, session, "a member lost during the state sync", 0)
             except Exception as error:  # noqa: BLE001 - filtered just below
-                if (not in_step and is_mismatch(error) and newcomer and commits_before == 0
-                        and not is_another_groups_mismatch(error) and not session.moved_on()):
-                    # A newcomer whose state does not fit the members' (its transfer, in a
-                    # group of its own with the source, failed): it leaves, they re-form
-                    # without it (below, on their side). Another newcomer's mismatch passed on
-                    # by the source, or a generation that ended meanwhile, may be the cause
-                    # instead: then it re-forms (and fails alone next time if it is at fault).
-                    # The orchestrator keeps short reasons; the error itself says it all.
-                    session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
-                    raise StateLayoutMismatch(
-                        f"this node's state could not be synced from the members' ({error}): "
-                        f"build the same model, optimizer and inputs on every node before "
-                        f"training") from error
-                if not (is_recoverable(error) or session.moved_on()
-                        or (not in_step and is_mismatch(error)
-                            and (commits_before > 0 or newcomer))):
+                sync_mismatch = not in_step and is_mismatch(error)
+                if sync_mismatch and newcomer and commits_before == 0:
+                    # Another newcomer's mismatch passed on by the source, or a generation that
+                    # ended meanwhile, may be the cause: then it re-forms (and fails alone next
+                    # time if it is at fault).
+                    if not is_another_groups_mismatch(error) and not session.moved_on():
+                        # A newcomer whose state does not fit the members' (its transfer, in a
+                        # group of its own with the source, failed): it leaves, they re-form
+                        # without it (below, on their side). The orchestrator keeps short
+                        # reasons; the error itself says it all.
+                        session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
+                        raise StateLayoutMismatch(
+                            f"this node's state could not be synced from the members' ({error}): "
+                            f"build the same model, optimizer and inputs on every node before "
+                            f"training") from error
+                elif not (is_recoverable(error) or session.moved_on()
+                          or (sync_mismatch and commits_before > 0)):
                     raise
                 session.check_job_alive()
                 logger.info("collective failed (%s); re-forming", type(error).__name__)
