@@ -8,13 +8,14 @@ runs. For each repeat it runs, with --workers local worker processes on 127.0.0.
   group of elastic-strategy workers (a commit every step), same model and data,
   both started up front and taking turns in blocks of steps (the order
   alternates), so that the drift of a shared machine hits both alike; this for
-  --sets freshly started pairs of groups, since a group's speed varies more
+  --sets freshly started sets of groups, since a group's speed varies more
   from one start to the next than from block to block; the ratio is the median
-  over all block pairs of the ratio of median step times; also the ratio of
-  CPU time per worker-step (all threads, from /proc); with --control, the same
-  for a second stock group in place of the elastic one (an A/A ratio: how far
-  from 1 the machine's noise alone puts it); also each worker's peak RSS
-  (VmHWM) and the median time of an elastic commit;
+  over all block pairs of the ratio of median step times (each set's own is
+  printed too); also the ratio of CPU time per worker-step (all threads, from
+  /proc); with --control, a second stock group takes its turns in the same
+  sets, timed against the first the same way (an A/A ratio: how far from 1 the
+  machine's noise alone puts it); also each worker's peak RSS (VmHWM) and the
+  median time of an elastic commit;
 * crash: SIGKILL to one worker; time to the first step of the new generation
   on the survivors, and steps lost (redone);
 * growth: start with workers-1, add one; the longest step gap on existing members,
@@ -254,51 +255,57 @@ def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, f
 class Steady(NamedTuple):
     """What one steady-state set measured."""
 
-    pairs: list[tuple[tuple[float, float], tuple[float, float]]]  # (stock, other) run_block()s
+    pairs: list[tuple[tuple[float, float], tuple[float, float]]]  # (stock, elastic) run_block()s
+    control_pairs: list[tuple[tuple[float, float], tuple[float, float]]]  # (stock, second stock)
     stock_rss_mb: list[float]  # each worker's peak RSS
-    other_rss_mb: list[float]
+    elastic_rss_mb: list[float]
     commit_s: list[float]  # the elastic workers' commit times after the warm-up
 
 
 def steady_state(workers: int, pairs: int, model: str, tmp: str, control: bool = False,
                  snapshot_every: int = 1) -> Steady:
-    """(stock, elastic) run_block() results of `pairs` pairs of blocks; the groups take turns.
+    """`pairs` rounds in which a stock and an elastic group (with `control`, also a second stock
+    group: its ratio to the first shows the noise floor) each run a block, taking turns.
 
-    With `control` the second group is stock too: its ratio shows the noise floor.
+    The order rotates from round to round (and runs backwards every other cycle), so no group
+    always runs first or right after the same other one.
     """
     settings = SETTINGS[model]
     orchestrator = Orchestrator()
     flags = ("--blocks", *model_flags(model, snapshot_every))
-    stock = stock_workers(workers, 10**9, flags)
+    groups = {"stock": stock_workers(workers, 10**9, flags),
+              "elastic": elastic_workers(orchestrator, workers, "steady", 10**9, workers,
+                                         workers, os.path.join(tmp, "steady.jsonl"), flags)}
     if control:
-        other = stock_workers(workers, 10**9, flags)
-    else:
-        other = elastic_workers(orchestrator, workers, "steady", 10**9, workers, workers,
-                                os.path.join(tmp, "steady.jsonl"), flags)
+        groups["control"] = stock_workers(workers, 10**9, flags)
+    names = list(groups)
     try:
-        for group in (stock, other):
+        for group in groups.values():
             run_block(group, settings.warmup_steps)
-        results = []
+        rounds = []
         for i in range(pairs):
-            if i % 2:
-                other_block = run_block(other, settings.block_steps)
-                stock_block = run_block(stock, settings.block_steps)
-            else:
-                stock_block = run_block(stock, settings.block_steps)
-                other_block = run_block(other, settings.block_steps)
-            results.append((stock_block, other_block))
-        measured = Steady(results, [p.peak_rss_mb() for p in stock],
-                          [p.peak_rss_mb() for p in other],
-                          [r["commit_s"] for p in other for r in p.records
+            order = names[i % len(names):] + names[:i % len(names)]
+            if (i // len(names)) % 2:
+                order.reverse()
+            rounds.append({name: run_block(groups[name], settings.block_steps)
+                           for name in order})
+        measured = Steady([(r["stock"], r["elastic"]) for r in rounds],
+                          [(r["stock"], r["control"]) for r in rounds] if control else [],
+                          [p.peak_rss_mb() for p in groups["stock"]],
+                          [p.peak_rss_mb() for p in groups["elastic"]],
+                          [r["commit_s"] for p in groups["elastic"] for r in p.records
                            if r["step"] > settings.warmup_steps + 1 and r.get("commit_s")])
-        for p in stock + other:
-            p.send("0")
-        for p in stock + other:
-            p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
+        for group in groups.values():
+            for p in group:
+                p.send("0")
+        for group in groups.values():
+            for p in group:
+                p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
         return measured
     finally:
-        for p in stock + other:
-            p.stop()
+        for group in groups.values():
+            for p in group:
+                p.stop()
         orchestrator.stop()
 
 
@@ -420,15 +427,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3, help="worker processes (default 3)")
     parser.add_argument("--repeats", type=int, default=5, help="runs of each scenario (default 5)")
     parser.add_argument("--sets", type=int, default=3,
-                        help="steady state: fresh (stock, elastic) groups of workers per repeat "
+                        help="steady state: fresh sets of groups of workers per repeat "
                         "(default 3); a group's speed varies from one start to the next by more "
                         "than from one block to the next")
     parser.add_argument("--control", action="store_true",
-                        help="steady state: also time a second stock group against the first "
-                        "(same sets and pairs): its ratio, ideally 1, shows the machine's noise")
+                        help="steady state: a second stock group takes its turns in every set, "
+                        "timed against the first: its ratio, ideally 1, shows the machine's "
+                        "noise")
     parser.add_argument("--pairs", type=int, default=4,
-                        help="steady state: (stock, elastic) block pairs per set of groups "
-                        "(default 4)")
+                        help="steady state: rounds per set of groups, each group running one "
+                        "block per round (default 4)")
     parser.add_argument("--model", default="tiny", choices=sorted(SETTINGS),
                         help="the model (benchmarks/models.py; default tiny)")
     parser.add_argument("--snapshot_every", type=int, default=1,
@@ -441,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 2:
         parser.error("--workers must be at least 2")
     results: dict[str, list] = {"stock_s": [], "elastic_s": [], "ratio": [], "cpu_ratio": [],
-                                "control_ratio": [], "stock_rss_mb": [], "elastic_rss_mb": [],
+                                "control_ratio": [], "set_ratios": [], "set_control_ratios": [],
+                                "stock_rss_mb": [], "elastic_rss_mb": [],
                                 "commit_s": [], "crash": [], "growth": [], "leave": []}
     kinds = [kind for kind in ("crash", "growth", "leave") if kind not in args.skip]
     with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
@@ -461,8 +470,15 @@ def main(argv: list[str] | None = None) -> int:
 def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
                    results: dict[str, list]) -> None:
     """One repeat of the steady state (--sets sets of groups), added to `results`."""
-    sets = [steady_state(args.workers, args.pairs, args.model, tmp,
-                         snapshot_every=args.snapshot_every) for _ in range(args.sets)]
+    sets = []
+    for number in range(args.sets):
+        steady = steady_state(args.workers, args.pairs, args.model, tmp, control=args.control,
+                              snapshot_every=args.snapshot_every)
+        sets.append(steady)
+        control = (f", control {ratios_of(steady.control_pairs)[0]:.3f}"
+                   if steady.control_pairs else "")
+        print(f"[{repeat + 1}/{args.repeats}] set {number + 1}/{args.sets}: ratio "
+              f"{ratios_of(steady.pairs)[0]:.3f}{control}", flush=True)
     pairs = [pair for steady in sets for pair in steady.pairs]
     stock_s = statistics.median(s for (s, _), _ in pairs)
     elastic_s = statistics.median(e for _, (e, _) in pairs)
@@ -471,8 +487,10 @@ def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
     results["elastic_s"].append(elastic_s)
     results["ratio"].append(ratio)
     results["cpu_ratio"].append(cpu_ratio)
+    results["set_ratios"] += [ratios_of(steady.pairs)[0] for steady in sets]
     results["stock_rss_mb"].append(statistics.median(m for st in sets for m in st.stock_rss_mb))
-    results["elastic_rss_mb"].append(statistics.median(m for st in sets for m in st.other_rss_mb))
+    results["elastic_rss_mb"].append(statistics.median(m for st in sets
+                                                       for m in st.elastic_rss_mb))
     results["commit_s"].append(statistics.median(c for st in sets for c in st.commit_s))
     print(f"[{repeat + 1}/{args.repeats}] steady state: stock {stock_s * 1e3:.2f} ms/step, "
           f"elastic {elastic_s * 1e3:.2f} ms/step, ratio {ratio:.3f}, CPU per "
@@ -480,10 +498,9 @@ def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
           f"MB elastic {results['elastic_rss_mb'][-1]:.0f} MB, commit "
           f"{results['commit_s'][-1] * 1e3:.3f} ms", flush=True)
     if args.control:
-        control = [pair for _ in range(args.sets)
-                   for pair in steady_state(args.workers, args.pairs, args.model, tmp,
-                                            control=True).pairs]
+        control = [pair for steady in sets for pair in steady.control_pairs]
         results["control_ratio"].append(ratios_of(control)[0])
+        results["set_control_ratios"] += [ratios_of(steady.control_pairs)[0] for steady in sets]
         print(f"[{repeat + 1}/{args.repeats}] control (stock vs stock): ratio "
               f"{results['control_ratio'][-1]:.3f}", flush=True)
 
@@ -495,7 +512,9 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
             ("elastic step (ms)", [x * 1e3 for x in results["elastic_s"]]),
             ("overhead ratio", results["ratio"]),
             ("CPU per worker-step ratio", results["cpu_ratio"]),
+            ("overhead ratio, each set", results["set_ratios"]),
             ("control ratio (stock/stock)", results["control_ratio"]),
+            ("control ratio, each set", results["set_control_ratios"]),
             ("peak RSS stock (MB)", results["stock_rss_mb"]),
             ("peak RSS elastic (MB)", results["elastic_rss_mb"]),
             ("RSS ratio", [e / s for s, e in zip(results["stock_rss_mb"],
