@@ -5,8 +5,10 @@ the state a commit holds and a newcomer receives) and a replica step that
 all-reduces its gradients (the vote rides on that all-reduce) and applies one
 Adam update. Adam is written out here rather than taken from Keras so that
 stock MultiWorkerMirroredStrategy and the elastic strategy run exactly the same
-update with the same collectives. Inputs are synthetic and fixed (seeded), so a
-step costs the same from one run to the next.
+update with the same collectives; like Keras 3's Adam it updates the weights and
+both slots in place, so a snapshot held over a step costs a copy of all three.
+Inputs are synthetic and fixed (seeded), so a step costs the same from one run
+to the next.
 
 | name        | what                                             | parameters | state with Adam |
 |-------------|--------------------------------------------------|-----------:|----------------:|
@@ -49,8 +51,10 @@ class Adam:
         t = tf.cast(self.iterations, tf.float32)
         lr = self._lr * tf.sqrt(1 - self._beta2 ** t) / (1 - self._beta1 ** t)
         for var, g, m, v in zip(self._variables, grads, self.m, self.v):
-            m.assign(self._beta1 * m + (1 - self._beta1) * g)
-            v.assign(self._beta2 * v + (1 - self._beta2) * tf.square(g))
+            # In place, as Keras 3's Adam does: each update writes into the variable's buffer
+            # (copy-on-write while a snapshot shares it).
+            m.assign_add((g - m) * (1 - self._beta1))
+            v.assign_add((tf.square(g) - v) * (1 - self._beta2))
             var.assign_sub(lr * m / (tf.sqrt(v) + self._epsilon))
 
 

@@ -7,6 +7,7 @@ real workers. Here a fake runtime stands in for the members a sync gathers.
 import pickle
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -363,3 +364,34 @@ def test_a_re_form_drops_the_keras_evaluation_and_prediction_functions():
     assert model.test_function is None and model.predict_function is None and reset == [True]
     model.evaluate(tf.ones([4, 2]), tf.ones([4, 1]), verbose=0)
     assert model.test_function is not None
+
+
+def test_a_keras_state_with_a_commit_policy_restores_weights_and_slots_updated_in_place(
+        monkeypatch):
+    """Keras 3's Adam updates the weights and both slots in place (copy-on-write while held)."""
+    _alone(monkeypatch)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    optimizer = tf.keras.optimizers.Adam(0.1)
+    optimizer.build(model.trainable_variables)
+    state = tfe.KerasState(model, optimizer, step=0, snapshot_every=2)
+
+    def values():
+        return [v.numpy().copy() for v in model.weights + optimizer.variables]
+
+    def train_and_commit():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(tf.ones([4, 3])) ** 2)
+        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                      model.trainable_variables))
+        state.step += 1
+        state.commit()
+
+    for step in range(1, 4):
+        train_and_commit()
+        if step == 2:
+            held = values()
+    assert any(not np.array_equal(h, v) for h, v in zip(held, values()))
+    state.restore()
+    assert state.step == 2
+    for h, v in zip(held, values()):
+        np.testing.assert_array_equal(h, v)
