@@ -23,7 +23,7 @@ from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import security, tensors
 from tensorflow_elastic.ps.errors import NOT_THE_WORKER, QUEUE_FULL, UNKNOWN_WORKER, PSError
-from tensorflow_elastic.ps.memory import keep_large_buffers
+from tensorflow_elastic.memory import keep_large_buffers
 from tensorflow_elastic.rendezvous import auth
 
 logger = logging.getLogger(__name__)

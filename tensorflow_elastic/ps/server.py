@@ -27,7 +27,7 @@ from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig
 from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
-from tensorflow_elastic.ps.memory import keep_large_buffers
+from tensorflow_elastic.memory import keep_large_buffers
 from tensorflow_elastic.ps.parameters import Parameters
 from tensorflow_elastic.ps.refusals import Refusals
 from tensorflow_elastic.ps.registry import WorkerRegistry

@@ -18,7 +18,7 @@ import threading
 
 from tensorflow.python.distribute import distribute_lib
 
-from tensorflow_elastic import environment, net
+from tensorflow_elastic import environment, memory, net
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Client, Membership
 from tensorflow_elastic.rendezvous.session import (DEFAULT_BARRIER_TIMEOUT_S,
@@ -199,6 +199,7 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
     with _runtime_lock:
         if _runtime is not None:
             return _runtime
+        memory.limit_arenas()
         _show_own_messages()
         endpoint = endpoint or environment.text(environment.ENDPOINT)
         if not endpoint:

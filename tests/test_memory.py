@@ -7,7 +7,7 @@ import pytest
 
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps import tensors
-from tensorflow_elastic.ps.memory import keep_large_buffers
+from tensorflow_elastic.memory import keep_large_buffers, limit_arenas
 
 
 @pytest.mark.skipif(ctypes.util.find_library("c") is None, reason="needs a C library")
@@ -21,3 +21,15 @@ def test_malloc_is_tuned_once_and_a_large_push_still_round_trips():
         wire = request.SerializeToString()
     back = tensors.decode(pb.PushRequest.FromString(wire).gradients[0])
     np.testing.assert_array_equal(back, gradient)
+
+
+def test_arenas_are_capped_once_unless_the_user_chose_a_count(monkeypatch):
+    limit_arenas.cache_clear()
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    assert limit_arenas() is False  # glibc already follows the user's setting
+    limit_arenas.cache_clear()
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    expected = ctypes.util.find_library("c") is not None
+    assert limit_arenas() is expected
+    with pytest.raises(ValueError, match="arena count must be >= 1"):
+        limit_arenas(0)
