@@ -13,7 +13,7 @@ Two costs of glibc's defaults, measured in this project's processes:
   worker's many TensorFlow, gRPC and runtime threads spread tensors over all of
   them; on the ~100 MB transformer of benchmarks/ (3 workers) an elastic
   worker's peak RSS was 1.31x a stock worker's with the defaults and 1.12-1.17x
-  with 4 arenas (stock's own dropped by about 100 MB). `limit_arenas()` caps
+  with 4 arenas (stock's own 50-100 MB lower too). `limit_arenas()` caps
   them for arenas created afterwards, so it is called before TensorFlow starts
   its threads where possible (`tensorflow_elastic.init()`).
 """
