@@ -279,6 +279,7 @@ def steady_state(workers: int, pairs: int, model: str, tmp: str, control: bool =
     if control:
         groups["control"] = stock_workers(workers, 10**9, flags)
     names = list(groups)
+    everyone = [p for group in groups.values() for p in group]
     try:
         for group in groups.values():
             run_block(group, settings.warmup_steps)
@@ -295,17 +296,14 @@ def steady_state(workers: int, pairs: int, model: str, tmp: str, control: bool =
                           [p.peak_rss_mb() for p in groups["elastic"]],
                           [r["commit_s"] for p in groups["elastic"] for r in p.records
                            if r["step"] > settings.warmup_steps + 1 and r.get("commit_s")])
-        for group in groups.values():
-            for p in group:
-                p.send("0")
-        for group in groups.values():
-            for p in group:
-                p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
+        for p in everyone:
+            p.send("0")
+        for p in everyone:
+            p.wait_for(lambda p=p: p.proc.poll() is not None, "the workers to finish")
         return measured
     finally:
-        for group in groups.values():
-            for p in group:
-                p.stop()
+        for p in everyone:
+            p.stop()
         orchestrator.stop()
 
 
@@ -475,10 +473,13 @@ def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
         steady = steady_state(args.workers, args.pairs, args.model, tmp, control=args.control,
                               snapshot_every=args.snapshot_every)
         sets.append(steady)
-        control = (f", control {ratios_of(steady.control_pairs)[0]:.3f}"
-                   if steady.control_pairs else "")
+        results["set_ratios"].append(ratios_of(steady.pairs)[0])
+        control = ""
+        if steady.control_pairs:
+            results["set_control_ratios"].append(ratios_of(steady.control_pairs)[0])
+            control = f", control {results['set_control_ratios'][-1]:.3f}"
         print(f"[{repeat + 1}/{args.repeats}] set {number + 1}/{args.sets}: ratio "
-              f"{ratios_of(steady.pairs)[0]:.3f}{control}", flush=True)
+              f"{results['set_ratios'][-1]:.3f}{control}", flush=True)
     pairs = [pair for steady in sets for pair in steady.pairs]
     stock_s = statistics.median(s for (s, _), _ in pairs)
     elastic_s = statistics.median(e for _, (e, _) in pairs)
@@ -487,7 +488,6 @@ def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
     results["elastic_s"].append(elastic_s)
     results["ratio"].append(ratio)
     results["cpu_ratio"].append(cpu_ratio)
-    results["set_ratios"] += [ratios_of(steady.pairs)[0] for steady in sets]
     results["stock_rss_mb"].append(statistics.median(m for st in sets for m in st.stock_rss_mb))
     results["elastic_rss_mb"].append(statistics.median(m for st in sets
                                                        for m in st.elastic_rss_mb))
@@ -500,7 +500,6 @@ def _steady_repeat(args: argparse.Namespace, tmp: str, repeat: int,
     if args.control:
         control = [pair for steady in sets for pair in steady.control_pairs]
         results["control_ratio"].append(ratios_of(control)[0])
-        results["set_control_ratios"] += [ratios_of(steady.control_pairs)[0] for steady in sets]
         print(f"[{repeat + 1}/{args.repeats}] control (stock vs stock): ratio "
               f"{results['control_ratio'][-1]:.3f}", flush=True)
 
