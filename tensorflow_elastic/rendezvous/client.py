@@ -57,8 +57,9 @@ _CHANNEL_OPTIONS = [
 ]
 
 
-def membership_from_proto(node_id: int | None, m: pb.Membership) -> Membership:
-    return Membership(node_id, m.generation, dict(m.members), m.chief_id)
+def membership_from_proto(node_id: int | None, m: pb.Membership,
+                          taken_back_after: str = "") -> Membership:
+    return Membership(node_id, m.generation, dict(m.members), m.chief_id, taken_back_after)
 
 
 class Client:
@@ -140,7 +141,8 @@ class Client:
         response = self._call(lambda stub: stub.Join, request, deadline)
         self.node_id = response.node_id
         self.generation = response.membership.generation
-        return membership_from_proto(self.node_id, response.membership)
+        return membership_from_proto(self.node_id, response.membership,
+                                     response.taken_back_after)
 
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
         """Gets this node's permanent id without joining yet; returns at once.

@@ -24,6 +24,7 @@ See docs/orchestrator.md for the whole protocol.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from typing import Any, AsyncIterator, Protocol
@@ -183,10 +184,15 @@ class Run:
         self._check_not_failed()
         state = self._state
         check_last_generation(last_generation, state.generation)
+        removal = ""
         if node_id is None:
             node = await self._admit_new(address, nonce)
         else:
-            node = self._take_back(node_id, address, nonce) or self._known_node(node_id)
+            removal = self._removal(node_id) if state.was_removed(node_id) else ""
+            taken_back = self._take_back(node_id, address, nonce)
+            if taken_back is None:
+                removal = ""
+            node = taken_back or self._known_node(node_id)
             if node.address != address:
                 raise RendezvousError(
                     f"node {node_id} joined with address {node.address}, not {address}; a node "
@@ -198,7 +204,8 @@ class Run:
             elif (node_id not in state.members and node_id not in state.waiting
                   and not state.was_removed(node_id)):
                 self._enqueue(node)
-        return await self._wait_for_generation(node, last_generation, timeout)
+        membership = await self._wait_for_generation(node, last_generation, timeout)
+        return dataclasses.replace(membership, taken_back_after=removal)
 
     def _take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
         """A removed node whose process was alive all along joins again: it waits to be admitted
@@ -474,10 +481,14 @@ class Run:
                 f"without a node id to get one", reason=UNKNOWN_NODE)
         return node
 
+    def _removal(self, node_id: int) -> str:
+        state = self._state
+        return (f"node {node_id} was removed from run {state.run_id!r} "
+                f"({state.removal_cause(node_id)})")
+
     def _removed_error(self, node_id: int) -> NodeRemovedError:
         state = self._state
-        removed = (f"node {node_id} was removed from run {state.run_id!r} "
-                   f"({state.removal_cause(node_id)})")
+        removed = self._removal(node_id)
         if node_id in state.returnable:
             return NodeRemovedError(f"{removed}; its process may still be alive: join again with "
                                     f"its id from its address to come back",

@@ -243,7 +243,8 @@ class RendezvousService:
         membership = await run.join(request.address, node_id, request.last_generation,
                                     request.nonce, request.timeout_s)
         # run.join returned the run's current membership, which is what _encode encodes.
-        return (pb.JoinResponse(node_id=membership.node_id).SerializeToString()
+        return (pb.JoinResponse(node_id=membership.node_id,
+                                taken_back_after=membership.taken_back_after).SerializeToString()
                 + self._encode(run).join_tail)
 
     @_rpc

@@ -165,6 +165,9 @@ class MembershipSession:
                 logger.warning("%s; it waits to come back: %s", self._removed_reason, e.message)
                 time.sleep(BLOCKED_RETRY_S)
         self._unplanned_change.clear()
+        if self.membership.taken_back_after and not self._removed_reason:
+            # Its join overtook the heartbeat that would have told it of the removal.
+            self._removed_reason = self.membership.taken_back_after
         if self._removed_reason:
             self._back_after_removal()
         if self.standby or not self._regroup_listeners:
@@ -385,8 +388,10 @@ class MembershipSession:
 
     def _back_after_removal(self) -> None:
         """Taken back after a removal: heartbeats again, and says so once."""
-        logger.warning("%s and rejoined at generation %d, %.1f s later", self._removed_reason,
-                       self.generation, time.monotonic() - self._removed_at)
+        later = ("" if self._removed_at is None
+                 else f", {time.monotonic() - self._removed_at:.1f} s later")
+        logger.warning("%s and rejoined at generation %d%s", self._removed_reason,
+                       self.generation, later)
         self.events.record(events.NODE_JOINED, node=self.node_id, generation=self.generation,
                            rejoined=True, removed_for=self._removed_reason)
         self._removed_reason = ""

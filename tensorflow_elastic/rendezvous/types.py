@@ -34,13 +34,16 @@ class Membership:
 
     ``members`` maps permanent node ids to addresses; ids are sparse because
     they are never reused. The chief is the member with the lowest id, and a
-    node's rank is its position among the sorted ids.
+    node's rank is its position among the sorted ids. ``taken_back_after`` is set on
+    the membership a join returns when the orchestrator had removed the node while its
+    process lived on: why it was removed.
     """
 
     node_id: int | None
     generation: int
     members: dict[int, str]
     chief_id: int
+    taken_back_after: str = ""
 
     @property
     def world_size(self) -> int:

@@ -65,6 +65,8 @@ def test_a_silent_member_removed_by_the_heartbeat_timeout_comes_back_with_its_id
                    [pool.submit(a.join, timeout=20), pool.submit(b.join, timeout=20), back]]
         assert {m.generation for m in members} == {3}
         assert sorted(members[0].members) == sorted([a.node_id, b.node_id, c.node_id])
+        assert [m.taken_back_after for m in members] == [
+            "", "", f"node {c.node_id} was removed from run 'job' (no heartbeat for 1 s)"]
         history = [h["detail"] for h in a.status()[0].history]
         assert any("came back after it was removed (no heartbeat for 1 s)" in h for h in history)
     finally:

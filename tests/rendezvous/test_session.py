@@ -146,6 +146,29 @@ def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(capl
             session.close()
 
 
+def test_a_removed_node_whose_join_overtakes_its_heartbeat_learns_of_the_removal_there(caplog):
+    settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server:
+        session, _ = _watching_session(server.endpoint, 2)
+        try:
+            session.client.stop_heartbeats()  # frozen past the timeout
+            deadline = time.monotonic() + 20
+            with Client(server.endpoint, "job") as probe:
+                while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            assert not session._removed_reason
+            session.reform()  # before any heartbeat told it: the join takes it back
+            assert ("(no heartbeat for 1 s) and rejoined at generation "
+                    f"{session.generation}\n") in caplog.text
+            assert session.membership.taken_back_after
+            time.sleep(1.5)  # heartbeats again: it stays
+            session.check_job_alive()
+            with Client(server.endpoint, "job") as probe:
+                assert probe.status()[0].membership.members.keys() == {session.node_id}
+        finally:
+            session.close()
+
+
 class _HeartbeatClient:
     """Answers a heartbeat with `reply` (an exception is raised)."""
 
