@@ -13,6 +13,12 @@ For each size it measures, side by side in alternating blocks:
 * held memory: how much the process's RSS grows when the first update after a
   take copies the buffers (the second copy a snapshot keeps).
 
+The update after a take runs the library's one-pass kernels (old - delta
+written once into a new buffer). With --rounds N the whole measurement runs
+in 2N child processes that alternate between those kernels and TensorFlow's
+two passes (TFE_ONE_PASS_UPDATES=0: copy the buffer, then update the copy),
+and the copy-on-write of both is printed side by side.
+
 Prints a table and, as its last line, JSON with the medians per size.
 """
 
@@ -20,7 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import tensorflow as tf
@@ -95,13 +104,47 @@ def measure(shapes, iterations: int, blocks: int) -> dict[str, float]:
     return summary
 
 
+def compare(rounds: int, iterations: int, blocks: int) -> dict:
+    """Copy-on-write with one-pass and two-pass updates, in alternating child processes."""
+    runs: dict[str, list[dict]] = {"one_pass": [], "two_pass": []}
+    for round_index in range(rounds):
+        order = [("one_pass", "1"), ("two_pass", "0")]
+        for kind, setting in (order if round_index % 2 == 0 else order[::-1]):
+            print(f"round {round_index + 1}/{rounds}: {kind.replace('_', '-')} updates",
+                  flush=True)
+            out = subprocess.run(
+                [sys.executable, __file__, "--iterations", str(iterations), "--blocks",
+                 str(blocks)], capture_output=True, text=True, check=True, timeout=1800,
+                env=dict(os.environ, TFE_ONE_PASS_UPDATES=setting, TF_CPP_MIN_LOG_LEVEL="3"))
+            runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    summary = {}
+    print(f"{'model':<10}{'MB':>8}{'one-pass cow us':>17}{'two-pass cow us':>17}"
+          f"{'update us':>12}")
+    for name in SIZES:
+        row = {kind: round(statistics.median(r[name]["copy_on_write_us"] for r in results), 1)
+               for kind, results in runs.items()}
+        row["update_us"] = round(statistics.median(
+            r[name]["update_us"] for results in runs.values() for r in results), 1)
+        row["megabytes"] = runs["one_pass"][0][name]["megabytes"]
+        summary[name] = row
+        print(f"{name:<10}{row['megabytes']:>8.2f}{row['one_pass']:>17.1f}{row['two_pass']:>17.1f}"
+              f"{row['update_us']:>12.1f}", flush=True)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=200, help="calls per block (default 200)")
     parser.add_argument("--blocks", type=int, default=6,
                         help="alternating blocks per measurement (default 6)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="compare one-pass and two-pass updates over this many rounds of "
+                        "child processes (default 0: one measurement in this process)")
     args = parser.parse_args(argv)
+    if args.rounds > 0:
+        print(json.dumps(compare(args.rounds, args.iterations, args.blocks)))
+        return 0
     summary = {}
     print(f"{'model':<10}{'MB':>8}{'take us':>10}{'eager read us':>15}{'update us':>12}"
           f"{'take+update us':>16}{'copy-on-write us':>18}{'held MB':>9}")

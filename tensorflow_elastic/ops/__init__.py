@@ -1,7 +1,10 @@
 """The C++ op library (`tensorflow_elastic/_ops.so`), loaded once, and its Python wrappers.
 
-Stock kernels are used wherever TensorFlow has them; this library holds only
-the kernels TensorFlow lacks.
+Stock kernels are used wherever TensorFlow has them; this library holds the
+kernels TensorFlow lacks, and CPU kernels for AssignAdd/AssignSubVariableOp that
+take precedence over TensorFlow's once the library is loaded: they write an
+update of a buffer a snapshot shares in one pass instead of copying it first
+(cc/kernels/one_pass_update_kernel.cc).
 """
 
 from __future__ import annotations

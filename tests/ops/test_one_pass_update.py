@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
+from tensorflow_elastic import environment
 from tensorflow_elastic.ops import load_op_library
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 
@@ -116,7 +117,7 @@ print(variable.numpy().tolist(), snapshot.saved_values()[0].numpy().tolist())
 
 
 def test_tensorflows_two_passes_on_request_give_the_same_values():
-    env = dict(os.environ, TFE_ONE_PASS_UPDATES="0", TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **{environment.ONE_PASS_UPDATES: "0"})
     out = subprocess.run([sys.executable, "-c", _TWO_PASSES], capture_output=True, text=True,
                          timeout=120, check=True, env=env)
     assert out.stdout.strip().splitlines()[-1] == "[0.0, 1.0] [1.0, 2.0]"
