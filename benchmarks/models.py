@@ -30,6 +30,11 @@ import numpy as np
 import tensorflow as tf
 
 
+def _tf_variable(variable):
+    """The tf.Variable a Keras 3 variable wraps (what Keras' TensorFlow optimizers update)."""
+    return variable.value if isinstance(variable, tf.keras.Variable) else variable
+
+
 class Adam:
     """Adam over a fixed list of variables, its slots created in the current strategy's scope."""
 
@@ -52,10 +57,11 @@ class Adam:
         lr = self._lr * tf.sqrt(1 - self._beta2 ** t) / (1 - self._beta1 ** t)
         for var, g, m, v in zip(self._variables, grads, self.m, self.v):
             # In place, as Keras 3's Adam does: each update writes into the variable's buffer
-            # (copy-on-write while a snapshot shares it).
+            # (copy-on-write while a snapshot shares it). A Keras variable's own assign_sub
+            # would assign a new buffer; Keras' optimizers update the tf.Variable inside it.
             m.assign_add((g - m) * (1 - self._beta1))
             v.assign_add((tf.square(g) - v) * (1 - self._beta2))
-            var.assign_sub(lr * m / (tf.sqrt(v) + self._epsilon))
+            _tf_variable(var).assign_sub(lr * m / (tf.sqrt(v) + self._epsilon))
 
 
 @dataclasses.dataclass
