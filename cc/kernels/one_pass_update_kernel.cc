@@ -63,6 +63,9 @@ class OnePassUpdateVariableOp : public OpKernel {
                     "Cannot update variable with shape ", current->shape().DebugString(),
                     " using a Tensor with shape ", delta.shape().DebugString(),
                     ", shapes must be equal.")));
+    OP_REQUIRES(ctx, current->dtype() == delta.dtype(),
+                absl::InvalidArgumentError(
+                    "DType of variable handle and value does not match."));
     const CPUDevice& device = ctx->eigen_device<CPUDevice>();
     const bool shared = variable->copy_on_read_mode.load() || !current->RefCountIsOne();
     if (!shared || !OnePassEnabled()) {

@@ -97,6 +97,16 @@ def test_a_delta_of_another_shape_is_tensorflows_error():
     assert variable.numpy().tolist() == [1.0] * 3
 
 
+def test_a_delta_of_another_dtype_is_an_error_not_a_crash():
+    variable = tf.Variable(tf.ones([3]))
+    snapshot = VariableSnapshot([variable])
+    snapshot.take()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="DType of variable handle and value"):
+        tf.raw_ops.AssignAddVariableOp(resource=variable.handle,
+                                       value=tf.ones([3], tf.float64))
+    assert variable.numpy().tolist() == [1.0] * 3
+
+
 def test_integer_variables_keep_tensorflows_kernel():
     counter = tf.Variable(5, dtype=tf.int64)
     snapshot = VariableSnapshot([counter])
