@@ -119,7 +119,11 @@ def run(func: Callable[..., T]) -> Callable[..., T]:
                             f"build the same model, optimizer and inputs on every node before "
                             f"training") from error
                 elif not (is_recoverable(error) or session.moved_on()
-                          or (sync_mismatch and commits_before > 0)):
+                          or (sync_mismatch and commits_before > 0)
+                          # A member outside a growth's sync that went on to its step: the
+                          # source, aborted by a differing newcomer, passed the abort on
+                          # while this member resolved its step's group with it.
+                          or is_another_groups_mismatch(error)):
                     raise
                 session.check_job_alive()
                 logger.info("collective failed (%s); re-forming", type(error).__name__)

@@ -65,9 +65,16 @@ class _MismatchOnce(tfe.State):
         # Later syncs: the members alone, in step (nothing to take).
 
 
+# What a member resolving its group gets from a source that a differing newcomer aborted.
+ANOTHER_GROUPS_MISMATCH = (
+    "Collective ops is aborted by: Shape mismatch in the collective instance 1073741825.\n"
+    "Additional GRPC error information from remote target /job:worker/replica:0/task:1 "
+    "while calling /tensorflow.WorkerService/CompleteGroup:")
+
+
 def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgumentError,
          moved_on: bool = False, failures: int = 1,
-         message: str = "Collective instance 1073741825 differs"):
+         message: str = "Collective instance 1073741825 differs", train=lambda state: "trained"):
     session = _Session(standby, moved_on)
     failures_reported = []
     monkeypatch.setattr(runtime_lib, "current", lambda: SimpleNamespace(
@@ -78,7 +85,7 @@ def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgume
     object.__setattr__(state, "message", message)
     object.__setattr__(state, "_commits", commits)
     object.__setattr__(state, "_saved_commits", commits)
-    return session, state, tfe.run(lambda state: "trained")
+    return session, state, tfe.run(train)
 
 
 @pytest.mark.parametrize("error", MISMATCHES)
@@ -114,12 +121,38 @@ def test_a_newcomer_whose_sync_fails_after_the_generation_ended_re_forms(monkeyp
 def test_a_newcomer_that_gets_another_newcomer_s_mismatch_re_forms(monkeypatch):
     """Its turn in the sync never came: the source's abort reached it while it resolved its
     group with the source."""
-    session, state, train = _run(monkeypatch, standby=True, commits=0, message=(
-        "Collective ops is aborted by: Shape mismatch in the collective instance 1073741825.\n"
-        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 "
-        "while calling /tensorflow.WorkerService/CompleteGroup:"))
+    session, state, train = _run(monkeypatch, standby=True, commits=0,
+                                 message=ANOTHER_GROUPS_MISMATCH)
     assert train(state) == "trained"
     assert session.left == [] and session.reforms == 1
+
+
+def test_a_member_whose_step_gets_another_groups_mismatch_re_forms(monkeypatch):
+    """A member outside a growth's sync goes on to its step while the source syncs a newcomer
+    whose state differs; the source's abort reaches it as its step resolves its group."""
+    steps = []
+
+    def train(state):
+        steps.append(len(steps))
+        if len(steps) == 1:
+            raise tf.errors.InvalidArgumentError(None, None, ANOTHER_GROUPS_MISMATCH)
+        return "trained"
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    assert train(state) == "trained"
+    assert steps == [0, 1] and session.left == [] and session.reforms == 1
+
+
+def test_a_mismatch_in_a_step_is_not_re_formed_around(monkeypatch):
+    """Members whose step tensors differ have a bug that no re-form repairs."""
+    def train(state):
+        raise tf.errors.InvalidArgumentError(None, None, "Shape mismatch in the collective "
+                                             "instance 105")
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        train(state)
+    assert session.reforms == 0
 
 
 def test_re_forms_that_never_get_to_commit_end_the_job_with_the_last_failure(monkeypatch):
