@@ -61,6 +61,15 @@ def test_waiting_in_tensorflow_aborts_only_after_twice_the_timeout(monkeypatch, 
     assert [kind for kind, _ in calls] == ["stalled"]
 
 
+def test_a_member_that_commits_has_no_stack_taken(monkeypatch):
+    taken = []
+    monkeypatch.setattr(watchdog_lib, "main_thread_stack", lambda: taken.append(1))
+    dog, calls = _watchdog()
+    dog.progress()
+    dog.check(time.monotonic() + 5)
+    assert taken == [] and calls == []
+
+
 def test_no_action_while_re_forming_and_a_re_form_restarts_the_clock():
     reforming = [True]
     dog, calls = _watchdog(paused=lambda: reforming[0])
