@@ -217,9 +217,13 @@ def test_a_member_s_threads_stay_flat_over_re_forms(orchestrator, start_workers,
         victim = max((w for w in workers if w.proc.poll() is None), key=lambda w: w.node_id)
         generation = chief.steps[-1]["generation"]
         victim.signal(signal.SIGKILL)
-        workers += start_workers(orchestrator.endpoint, 1, min_nodes=2, max_nodes=3, steps=10**6)
+        replacement = start_workers(orchestrator.endpoint, 1, min_nodes=2, max_nodes=3,
+                                    steps=10**6)[0]
+        workers.append(replacement)
         wait(lambda: any(r["world"] == 3 and r["generation"] > generation + 1
                          for r in chief.steps), timeout=120, what="the replacement to join")
+        # Its node id is known once it has printed a step; the next victim is chosen by it.
+        replacement.wait_for_step(1)
         threads.append(chief.steps[-1]["threads"])
     # The first re-forms may start pools that are kept (gRPC, TensorFlow's executors).
     assert threads[-1] <= threads[1] + 4, threads
