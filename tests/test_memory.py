@@ -1,13 +1,15 @@
 """Large message buffers are reused instead of being faulted in afresh (glibc)."""
 
 import ctypes.util
+import os
 
 import numpy as np
 import pytest
 
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.ps import tensors
-from tensorflow_elastic.memory import keep_large_buffers, limit_arenas
+from tensorflow_elastic.memory import (TENSOR_POOL_ENV, keep_large_buffers, limit_arenas,
+                                      pool_tensors)
 
 
 @pytest.mark.skipif(ctypes.util.find_library("c") is None, reason="needs a C library")
@@ -33,3 +35,12 @@ def test_arenas_are_capped_once_unless_the_user_chose_a_count(monkeypatch):
     assert limit_arenas() is expected
     with pytest.raises(ValueError, match="arena count must be >= 1"):
         limit_arenas(0)
+
+
+def test_tensors_are_pooled_unless_the_user_chose_an_allocator(monkeypatch):
+    monkeypatch.setenv(TENSOR_POOL_ENV, "false")
+    assert pool_tensors() is False
+    assert os.environ[TENSOR_POOL_ENV] == "false"
+    monkeypatch.delenv(TENSOR_POOL_ENV)
+    assert pool_tensors() is True
+    assert os.environ[TENSOR_POOL_ENV] == "true"

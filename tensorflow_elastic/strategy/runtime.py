@@ -200,6 +200,7 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
         if _runtime is not None:
             return _runtime
         memory.limit_arenas()
+        memory.pool_tensors()
         _show_own_messages()
         endpoint = endpoint or environment.text(environment.ENDPOINT)
         if not endpoint:

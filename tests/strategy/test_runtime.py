@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tensorflow_elastic import environment, net
+from tensorflow_elastic import environment, memory, net
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.rendezvous import Membership
 from tensorflow_elastic.rendezvous.session import MembershipSession
@@ -90,6 +90,15 @@ def test_a_given_address_whose_port_is_taken_fails_at_init_with_the_fix(monkeypa
         monkeypatch.setattr(runtime, "_runtime", None)
         with pytest.raises(ElasticJobFailed, match=f"{address} cannot be used.*free port"):
             runtime.init(endpoint="127.0.0.1:1", address=address)
+
+
+def test_init_has_tensorflow_pool_cpu_tensors_before_its_first_op(monkeypatch):
+    monkeypatch.delenv(memory.TENSOR_POOL_ENV, raising=False)
+    monkeypatch.delenv(environment.ENDPOINT, raising=False)
+    monkeypatch.setattr(runtime, "_runtime", None)
+    with pytest.raises(ElasticJobFailed, match="no orchestrator endpoint"):
+        runtime.init(endpoint="")
+    assert os.environ[memory.TENSOR_POOL_ENV] == "true"
 
 
 class _SlowProbes:
