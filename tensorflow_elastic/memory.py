@@ -21,7 +21,8 @@ Two costs of glibc's defaults, measured in this project's processes:
   best-fit pool (BFC). On the ~100 MB transformer (perf, 4 blocks of 25 steps,
   no snapshot after the first) the elastic workers took 2.8 % more CPU samples
   than stock's with the pool, 5.2 % in the same kind of run without it.
-  `pool_tensors()` sets the variable (`tensorflow_elastic.init()`).
+  `pool_tensors()` sets the variable (`tensorflow_elastic.init()`); TensorFlow
+  caps the pool at 64 GB per process (`TF_CPU_BFC_MEM_LIMIT_IN_MB`).
 """
 
 from __future__ import annotations
