@@ -1,6 +1,7 @@
-"""Process-wide glibc malloc settings for workers and servers that move large tensors.
+"""Process-wide memory settings (glibc malloc, TensorFlow's tensor allocator) for workers and
+servers that move large tensors.
 
-Two costs of glibc's defaults, measured in this project's processes:
+Three costs of the defaults, measured in this project's processes:
 
 * Page faults: allocations above the mmap threshold (128 KB, adapted upwards
   to at most 32 MB) get a fresh ``mmap`` and are returned with ``munmap``. A
