@@ -1,8 +1,8 @@
-"""Membership: the orchestrator of elastic runs, its client, and the session a worker holds.
+"""The orchestrator of elastic runs and its client.
 
 Server side: server (gRPC) -> service (checks requests) -> run (the generation state machine),
-which keeps run_state (saved via store), gathers, liveness and blocklist; client.py calls it,
-and session.py (TensorFlow-free) runs a worker's join / heartbeat / watch / re-form protocol.
+which keeps run_state (saved via store), gathers, liveness and blocklist; client.py calls it.
+A worker's side of membership (its session, phase and watchdog) lives in membership/.
 
 >>> from tensorflow_elastic.rendezvous import Client, Orchestrator
 >>> with Orchestrator("127.0.0.1", 0) as server:          # embedded, as --standalone does

@@ -116,3 +116,21 @@ class RunStatus:
     nodes: list[NodeStatus]
     history: list[dict]
     blocklist: list[tuple[str, int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeBounds:
+    """How many nodes a run trains with: it starts with ``min_nodes`` and takes in up to
+    ``max_nodes``. Checked here, once, where a launcher or a worker first reads them; the
+    orchestrator owns them after the run's first join."""
+
+    min_nodes: int
+    max_nodes: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_nodes <= self.max_nodes:
+            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got "
+                             f"{self.min_nodes}:{self.max_nodes}")
+
+    def __str__(self) -> str:
+        return f"{self.min_nodes}:{self.max_nodes}"

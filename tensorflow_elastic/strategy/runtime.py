@@ -1,31 +1,41 @@
-"""The process's elastic runtime: its membership session wired to TensorFlow, one per process.
+"""The process's elastic runtime: the one owner of the re-form protocol, one per process.
 
 `init()` connects to the orchestrator with the settings the launcher puts in
 the environment, prepares TensorFlow's collectives for this node's permanent
-id and holds the node's port until its TensorFlow server binds it. The
-strategy attaches to the runtime; the runtime tells it about re-forms and
-aborts its collectives when peers are lost.
+id and holds the node's port until its TensorFlow server binds it.
+
+The runtime decides the order of every membership change and calls down, never
+back up: into the membership session (join, barriers, reports), the strategy
+(move TensorFlow to the new generation) and the training state (restore, sync,
+reset callbacks). A State reaches the job only through the few calls of
+`training.state.Job`, which the runtime implements and hands it.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import faulthandler
 import logging
 import signal
 import socket
 import threading
+import time
+from typing import Any
 
 from tensorflow.python.distribute import distribute_lib
 
 from tensorflow_elastic import environment, memory, net
-from tensorflow_elastic.errors import ElasticJobFailed
-from tensorflow_elastic.rendezvous import Client, Membership
-from tensorflow_elastic.rendezvous.session import (DEFAULT_BARRIER_TIMEOUT_S,
+from tensorflow_elastic.errors import ElasticJobFailed, MembershipChanged, StateLayoutMismatch
+from tensorflow_elastic.membership.session import (DEFAULT_BARRIER_TIMEOUT_S,
                                                    DEFAULT_JOIN_TIMEOUT_S,
                                                    DEFAULT_ORCHESTRATOR_WAIT_S,
                                                    DEFAULT_PROGRESS_TIMEOUT_S, MembershipSession)
+from tensorflow_elastic.observability import events
+from tensorflow_elastic.rendezvous import Client, Membership
+from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster
+from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
 
 logger = logging.getLogger(__name__)
 
@@ -35,19 +45,46 @@ _runtime: "ElasticRuntime | None" = None
 _runtime_lock = threading.Lock()
 
 
-class ElasticRuntime:
-    """This process's session, its held port and its strategy."""
+@dataclasses.dataclass
+class _Change:
+    """A membership change in progress, for the one line the new chief prints when it is over."""
 
-    def __init__(self, session: MembershipSession,
+    started: float
+    members: frozenset[int]
+    cause: str = ""
+    lost_steps: int | None = None
+
+    def after_failure(self, cause: str, lost_steps: int) -> "_Change":
+        """This change, now also after a failure (it keeps its start and its members)."""
+        return _Change(self.started, self.members, cause, (self.lost_steps or 0) + lost_steps)
+
+    def describe(self, membership: Membership) -> str:
+        now = frozenset(membership.members)
+        parts = []
+        if self.members - now:
+            parts.append(f"node(s) {sorted(self.members - now)} "
+                         + (f"lost ({self.cause})" if self.cause else "left"))
+        if now - self.members:
+            parts.append(f"node(s) {sorted(now - self.members)} joined")
+        what = ", ".join(parts) or (f"re-formed after {self.cause}" if self.cause else "re-formed")
+        took = f"recovered in {time.monotonic() - self.started:.2f} s" if self.cause \
+            else f"paused {time.monotonic() - self.started:.2f} s"
+        lost = "" if self.lost_steps is None else f", {self.lost_steps} step(s) lost"
+        return (f"generation {membership.generation}: {what}; {membership.world_size} member(s); "
+                f"{took}{lost}")
+
+
+class ElasticRuntime:
+    """This process's session, its held port, its strategy, and the re-form protocol."""
+
+    def __init__(self, session: MembershipSession, interrupts: CollectiveInterrupter,
                  address_reservation: socket.socket | None = None):
         self.session = session
+        self._interrupts = interrupts
         self._address_reservation = address_reservation
         self.strategy: distribute_lib.Strategy | None = None
-        # An abort and a move of TensorFlow to a new generation never interleave: an abort
-        # meant for an ended generation must not land on the next one, nor be lost before it.
-        self._collectives_lock = threading.Lock()
-        # Every generation below this one has ended (the orchestrator announced this one).
-        self._ended_below = 0
+        # The change under way, from its first cause to the sync that ends it.
+        self._change: _Change | None = None
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership."""
@@ -56,8 +93,6 @@ class ElasticRuntime:
         if threading.current_thread() is threading.main_thread():
             # A preemption notice: finish the step, commit, leave; nobody rolls back.
             signal.signal(signal.SIGTERM, lambda signum, frame: self.session.request_leave())
-        # Peers are gone: stop waiting on them now rather than at the timeout.
-        self.session.on_peers_lost(self._stop_collectives)
         self.session.start_watching()
         atexit.register(self._exit)
 
@@ -69,30 +104,148 @@ class ElasticRuntime:
         self.session.client.close()
         self.session.close()
 
-    def _serving_generation(self) -> int:
-        """The generation TensorFlow's collectives run in (-1 before there is a strategy)."""
-        return -1 if self.strategy is None else self.strategy.extended.generation
+    # ------------------------------------------------------------ the protocol
 
-    def _stop_collectives(self, reason: str, generation: int | None) -> None:
-        """Aborts the collectives of the generations that ended before `generation` (None: all)."""
-        with self._collectives_lock:
-            if generation is not None:
-                self._ended_below = max(self._ended_below, generation)
-                if self._serving_generation() >= generation:
-                    return  # old news: TensorFlow already serves that generation
-            cluster.abort_collectives(reason)
+    def begin_training(self, state) -> None:
+        """Before the first step: a node joining a running job prepares to receive the state
+        and joins; then every member takes the state of the member furthest ahead."""
+        state.bind(self)
+        if self.session.standby:
+            state.prepare_to_join()
+            self._reform(state, reset=False)
+            return
+        self.sync(state)
 
-    def _regroup(self, membership: Membership) -> None:
-        """Moves the strategy to `membership`'s generation (this clears an earlier abort)."""
-        with self._collectives_lock:
-            self.strategy.extended.regroup(membership.members, membership.generation)
-            if membership.generation < self._ended_below:
-                # It ended while this node moved to it: nothing else would unblock its
-                # first collective (the state sync's broadcast).
-                cluster.abort_collectives(f"generation {membership.generation} ended while "
-                                          f"this node joined it")
+    def commit(self, state) -> None:
+        """A step boundary: the state's snapshot (by its commit policy), the progress, and the
+        vote; raises MembershipChanged on every member at the same commit when any voted."""
+        self.session.check_job_alive()
+        vote = self._extended().vote
+        tally = state.count_commit(vote.read_tally)
+        self.session.report_step(state.commits)
+        if vote.outcome(tally):
+            raise MembershipChanged("membership changes at this commit")
 
-    # What scripts read from `tfe.init()`'s result.
+    def recover(self, state, error: BaseException, lost_steps: int) -> None:
+        """After a failed step or sync: report who is unreachable, go back to the last commit,
+        move to the next generation and take the state of the member furthest ahead."""
+        self.session.check_job_alive()
+        logger.info("collective failed (%s); re-forming", type(error).__name__)
+        self._note_change(type(error).__name__, lost_steps)
+        self._report_failure(error)
+        state.restore()
+        self.session.events.record(events.STATE_RESTORED, node=self.node_id,
+                                   generation=self.generation, step=state.commits,
+                                   lost_steps=lost_steps)
+        self._reform(state)
+
+    def resume_after_lost_sync(self, state) -> None:
+        """A member was lost while the others gathered to sync: nothing ran, nothing to restore."""
+        logger.info("generation %d ended during the state sync; re-forming", self.generation)
+        self._note_change("a member lost during the state sync", 0)
+        self._reform(state)
+
+    def change(self, state) -> None:
+        """The members voted at this commit (a node waits to join, one leaves): all finish the
+        step together; a leaver leaves (its process exits 0), the others re-form."""
+        self._change = _Change(time.monotonic(), frozenset(self.membership.members))
+        self.session.finish_step_together()
+        if self.session.leave_requested:
+            self.session.leave("leave requested")
+            raise SystemExit(0)
+        self._reform(state)
+
+    def leave_mismatched(self, error: BaseException) -> StateLayoutMismatch:
+        """This node's state does not fit the members': it leaves so they re-form without it;
+        returns the error to raise."""
+        if isinstance(error, StateLayoutMismatch):
+            self.session.leave(f"state layout differs: {error}")
+            return error
+        # The orchestrator keeps short reasons; the error itself says it all.
+        self.session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
+        return StateLayoutMismatch(
+            f"this node's state could not be synced from the members' ({error}): build the same "
+            f"model, optimizer and inputs on every node before training")
+
+    def finish(self, state) -> None:
+        self.session.finish(state.commits)
+
+    def _reform(self, state, reset: bool = True) -> None:
+        """Moves this node to the next generation with the members still there, then runs the
+        state's reset callbacks (not at a newcomer's first join) and syncs.
+
+        The membership may move on while members gather (a leaver's departure
+        lands after the others re-joined, a second failure): then the barrier
+        fails and the node follows to the newer generation.
+        """
+        while True:
+            membership = self.session.join_next_generation()
+            with self._interrupts.moving_to(membership.generation):
+                self.strategy.extended.regroup(membership.members, membership.generation)
+            if self.session.start_generation(membership):
+                break
+        if reset:
+            state.on_reset()
+        self.sync(state)
+
+    def sync(self, state) -> None:
+        """Every member takes the state of the member furthest ahead; the new chief then says
+        in one line what changed (TensorFlow's own lines about the aborted collectives stay in
+        the workers' log files)."""
+        state.sync()
+        if self._change is not None and self.membership.is_chief:
+            logger.warning("%s", self._change.describe(self.membership))
+        self._change = None
+
+    def _note_change(self, cause: str, lost_steps: int) -> None:
+        if self._change is None:
+            self._change = _Change(time.monotonic(), frozenset(self.membership.members))
+        self._change = self._change.after_failure(cause, lost_steps)
+
+    def _report_failure(self, error: BaseException) -> None:
+        """Tells the orchestrator which peers this process cannot reach after `error`.
+
+        When the orchestrator has already started a newer generation it knows
+        who was lost: the report is only recorded, with no probe of the peers
+        (a frozen peer would hold it for the whole probe timeout).
+        """
+        membership = self.session.membership
+        if self._interrupts.ended_below > membership.generation:
+            peers = []
+        else:
+            peers = cluster.unreachable_peers(membership.members, self.session.node_id)
+        self.session.report_failure(peers, type(error).__name__, str(error))
+
+    # ------------------------------------------- what a State reaches (training.state.Job)
+
+    def exchange(self, topic: str, value: bytes) -> dict[int, bytes]:
+        return self.session.exchange(topic, value)
+
+    def broadcast_variables(self, variables: list, source: int, receivers: list[int],
+                            one_group: bool) -> None:
+        self._extended().broadcast_variables(variables, source, receivers, one_group=one_group)
+
+    def prepare_to_receive(self, variables: list) -> None:
+        self._extended().prepare_to_receive(variables)
+
+    def record(self, event: str, **fields: Any) -> None:
+        self.session.events.record(event, node=self.node_id, generation=self.generation,
+                                   **fields)
+
+    def snapshot_extras(self) -> tuple[Any, list]:
+        """(the vote's tally, the elastic inputs' cursors): what every snapshot also holds
+        (None and none before there is a strategy)."""
+        if self.strategy is None:
+            return None, []
+        extended = self.strategy.extended
+        return extended.vote.tally, list(extended.input_cursors)
+
+    def _extended(self):
+        if self.strategy is None:
+            raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy before training")
+        return self.strategy.extended
+
+    # ------------------------------------------------- what scripts read from init()
 
     @property
     def node_id(self) -> int:
@@ -114,27 +267,13 @@ class ElasticRuntime:
             self._address_reservation = None
 
     def attach_strategy(self, strategy: distribute_lib.Strategy) -> None:
-        """Makes `strategy` (an ElasticMultiWorkerMirroredStrategy) follow this process's re-forms."""
+        """Makes `strategy` (an ElasticMultiWorkerMirroredStrategy) the one this runtime moves."""
         if self.strategy is strategy:
             return
         if self.strategy is not None:
             raise RuntimeError("only one ElasticMultiWorkerMirroredStrategy per process")
         self.strategy = strategy
-        self.session.on_regroup(self._regroup)
-
-    def report_failure(self, error: BaseException) -> None:
-        """Tells the orchestrator which peers this process cannot reach after `error`.
-
-        When the orchestrator has already started a newer generation it knows
-        who was lost: the report is only recorded, with no probe of the peers
-        (a frozen peer would hold it for the whole probe timeout).
-        """
-        membership = self.session.membership
-        if self._ended_below > membership.generation:
-            peers = []
-        else:
-            peers = cluster.unreachable_peers(membership.members, self.session.node_id)
-        self.session.report_failure(peers, type(error).__name__, str(error))
+        self._interrupts.serve(strategy.extended.generation)
 
 
 def bound_exit(timeout: float) -> None:
@@ -212,19 +351,21 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
         tls_ca = tls_ca or environment.text(environment.TLS_CA)
         address, reservation = _reserve(address or environment.text(environment.ADDRESS))
         min_nodes = min_nodes or environment.integer(environment.MIN_NODES, 1)
-        max_nodes = max_nodes or environment.integer(environment.MAX_NODES, max(min_nodes, 1))
+        bounds = NodeBounds(min_nodes, max_nodes or environment.integer(environment.MAX_NODES,
+                                                                         max(min_nodes, 1)))
+        interrupts = CollectiveInterrupter()
         session = MembershipSession(
             Client(endpoint, run_id, token, tls_ca=tls_ca,
                    retry_timeout=environment.number(environment.ORCHESTRATOR_WAIT,
                                                     DEFAULT_ORCHESTRATOR_WAIT_S)),
-            address, min_nodes, max_nodes,
+            address, bounds, on_peers_lost=interrupts.peers_lost,
             join_timeout=environment.number(environment.JOIN_TIMEOUT, DEFAULT_JOIN_TIMEOUT_S),
             progress_timeout=environment.number(environment.PROGRESS_TIMEOUT,
                                                 DEFAULT_PROGRESS_TIMEOUT_S),
             step_events_every=environment.integer(environment.STEP_EVENTS_EVERY, 10),
             barrier_timeout=environment.number(environment.BARRIER_TIMEOUT,
                                                DEFAULT_BARRIER_TIMEOUT_S))
-        runtime = ElasticRuntime(session, address_reservation=reservation)
+        runtime = ElasticRuntime(session, interrupts, address_reservation=reservation)
         runtime.start()
         _runtime = runtime
         return runtime
@@ -234,9 +375,9 @@ def ensure_initialized(min_nodes: int | None = None, max_nodes: int | None = Non
     """The runtime, initialized if needed; bounds that contradict the running job are an error."""
     if _runtime is None:
         return init(min_nodes=min_nodes, max_nodes=max_nodes)
-    session = _runtime.session
-    for name, asked, actual in (("min_nodes", min_nodes, session.min_nodes),
-                                ("max_nodes", max_nodes, session.max_nodes)):
+    bounds = _runtime.session.bounds
+    for name, asked, actual in (("min_nodes", min_nodes, bounds.min_nodes),
+                                ("max_nodes", max_nodes, bounds.max_nodes)):
         if asked is not None and asked != actual:
             raise ValueError(
                 f"{name}={asked} differs from the job's {name}={actual} (set by "

@@ -13,21 +13,43 @@ import json
 import os
 import pickle
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
 import tensorflow as tf
 
-from tensorflow_elastic.errors import GenerationEnded, MembershipChanged, StateLayoutMismatch
+from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
-from tensorflow_elastic.strategy import runtime as runtime_lib
-
-if TYPE_CHECKING:
-    from tensorflow_elastic.strategy.agreement import ReformVote
 
 # Values a commit can keep as they are: copying them would only cost time.
 _IMMUTABLE_TYPES = (int, float, bool, str, bytes, type(None))
+
+
+class Job(Protocol):
+    """The few calls a State makes to the job it belongs to (the runtime hands itself in
+    through `bind`, as Horovod's State is handed its broadcast)."""
+
+    node_id: int
+
+    def commit(self, state: "State") -> None:
+        """The commit protocol: the state's snapshot, the progress, the vote."""
+
+    def exchange(self, topic: str, value: bytes) -> dict[int, bytes]:
+        """Every member's `value`, by node id (a small all-gather)."""
+
+    def broadcast_variables(self, variables: list, source: int, receivers: list[int],
+                            one_group: bool) -> None:
+        """The `source`'s values of `variables` to the `receivers`."""
+
+    def prepare_to_receive(self, variables: list) -> None:
+        """Builds the receiving side of broadcast_variables() ahead of time."""
+
+    def record(self, event: str, **fields: Any) -> None:
+        """An event of this node's in the events record."""
+
+    def snapshot_extras(self) -> tuple[Any, list]:
+        """(the vote's tally, the elastic inputs' cursors), which every snapshot also holds."""
 
 
 class _Furthest(NamedTuple):
@@ -66,6 +88,17 @@ class State:
         object.__setattr__(self, "_commits", 0)
         object.__setattr__(self, "_saved_commits", 0)
         object.__setattr__(self, "snapshot_every", snapshot_every)
+        object.__setattr__(self, "_job", None)
+
+    def bind(self, job: Job) -> None:
+        """Makes this state part of `job` (tensorflow_elastic.run does it)."""
+        object.__setattr__(self, "_job", job)
+
+    def _bound(self) -> Job:
+        if self._job is None:
+            raise RuntimeError("a State commits and syncs inside a function decorated with "
+                               "tensorflow_elastic.run")
+        return self._job
 
     def __getattr__(self, name: str) -> Any:
         values = object.__getattribute__(self, "_values")
@@ -116,22 +149,20 @@ class State:
         Every member votes at the same commit, so a growth or a leave happens
         at the same step everywhere and loses no work.
         """
-        session = runtime_lib.current().session
-        session.check_job_alive()
-        vote = _strategy().extended.vote
+        self._bound().commit(self)
+
+    def count_commit(self, read_tally: Callable[[], tuple[float, ...]]) -> tuple[float, ...]:
+        """Counts a commit and saves a snapshot when the policy says; returns the vote's
+        tally as of now (`read_tally()`; a state with variables reads it with its snapshot)."""
         self._commits += 1
         if self._commits % self.snapshot_every == 0:
-            tally = self._save_reading_tally(vote)
-        else:
-            tally = vote.read_tally()
-        session.report_step(self._commits)
-        if vote.outcome(tally):
-            raise MembershipChanged("membership changes at this commit")
+            return self._save_reading_tally(read_tally)
+        return read_tally()
 
-    def _save_reading_tally(self, vote: ReformVote) -> tuple[float, ...]:
-        """save(), and the vote's tally as of now (a state with variables reads both in one call)."""
+    def _save_reading_tally(self, read_tally: Callable[[], tuple[float, ...]]
+                            ) -> tuple[float, ...]:
         self.save()
-        return vote.read_tally()
+        return read_tally()
 
     def sync(self) -> None:
         """Makes every member's state that of the member furthest ahead (after every re-form)."""
@@ -150,8 +181,7 @@ class State:
         Nothing local changes here, so a sync that fails half-way leaves the last
         commit intact.
         """
-        shared = runtime_lib.current().session.exchange(
-            "state", pickle.dumps((self._values, self._commits)))
+        shared = self._bound().exchange("state", pickle.dumps((self._values, self._commits)))
         states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
         commits = {node_id: count for node_id, (_, count) in states.items()}
         source = furthest_ahead(commits)
@@ -203,23 +233,24 @@ class TensorFlowState(State):
 
     def _all_variables(self) -> list[tf.Variable]:
         """The state's variables plus the cursors of the strategy's elastic inputs."""
-        return self._tracked_variables() + _input_cursors()
+        return self._tracked_variables() + self._snapshot_extras()[1]
+
+    def _snapshot_extras(self) -> tuple[Any, list]:
+        return (None, []) if self._job is None else self._job.snapshot_extras()
 
     def _build(self, tally: tf.Variable | None) -> None:
         """A snapshot of the variables' local copies (and the vote's tally)."""
         variables = self._all_variables()
         object.__setattr__(self, "_snapshot",
                            VariableSnapshot([_local_copy(v) for v in variables], reported=tally))
-        object.__setattr__(self, "_built_cursors", len(_input_cursors()))
+        object.__setattr__(self, "_built_cursors", len(self._snapshot_extras()[1]))
         object.__setattr__(self, "_built_tally", tally)
 
     def _take(self) -> tuple[float, ...] | None:
         """Takes the snapshot; returns the vote's tally (None before there is a strategy)."""
-        extended = _extended()
-        tally = None if extended is None else extended.vote.tally
-        cursors = 0 if extended is None else len(extended.input_cursors)
+        tally, cursors = self._snapshot_extras()
         # Rebuilt when an elastic input or the strategy is created after the state.
-        if cursors != self._built_cursors or tally is not self._built_tally:
+        if len(cursors) != self._built_cursors or tally is not self._built_tally:
             self._build(tally)
         return self._snapshot.take()
 
@@ -227,7 +258,8 @@ class TensorFlowState(State):
         State.save(self)
         self._take()
 
-    def _save_reading_tally(self, vote: ReformVote) -> tuple[float, ...]:
+    def _save_reading_tally(self, read_tally: Callable[[], tuple[float, ...]]
+                            ) -> tuple[float, ...]:
         State.save(self)
         return self._take()
 
@@ -241,7 +273,7 @@ class TensorFlowState(State):
     def prepare_to_join(self) -> None:
         variables = self._all_variables()
         if variables:
-            _strategy().extended.prepare_to_receive(variables)
+            self._bound().prepare_to_receive(variables)
 
     def sync(self) -> None:
         """State.sync() plus the variables, broadcast from the member furthest ahead to the
@@ -254,21 +286,19 @@ class TensorFlowState(State):
         furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
         if variables and furthest.receivers:
-            _check_layouts(variables, furthest.source)
-            session = runtime_lib.current().session
-            if session.node_id == furthest.source or session.node_id in furthest.receivers:
+            job = self._bound()
+            _check_layouts(job, variables, furthest.source)
+            if job.node_id == furthest.source or job.node_id in furthest.receivers:
                 started = time.perf_counter()
                 # Before the first commit a differing state is a bug to fix, not a newcomer's
                 # fault (see tfe.run): no need to tell the receivers apart.
-                _strategy().extended.broadcast_variables(variables, furthest.source,
-                                                         furthest.receivers,
-                                                         one_group=furthest.commits == 0)
-                session.events.record(events.STATE_SYNCED, node=session.node_id,
-                                      generation=session.generation, source=furthest.source,
-                                      receivers=furthest.receivers,
-                                      bytes=sum(tf.TensorShape(v.shape).num_elements()
-                                                * tf.as_dtype(v.dtype).size for v in variables),
-                                      seconds=time.perf_counter() - started)
+                job.broadcast_variables(variables, furthest.source, furthest.receivers,
+                                        one_group=furthest.commits == 0)
+                job.record(events.STATE_SYNCED, source=furthest.source,
+                           receivers=furthest.receivers,
+                           bytes=sum(tf.TensorShape(v.shape).num_elements()
+                                     * tf.as_dtype(v.dtype).size for v in variables),
+                           seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
     def write(self, path: str) -> None:
@@ -321,8 +351,9 @@ class KerasState(TensorFlowState):
         object.__setattr__(self, "_model", model)
         object.__setattr__(self, "_optimizer", optimizer)
         if optimizer is not None and not _optimizer_built(optimizer):
-            # Slots must exist on every member before the first sync.
-            with runtime_lib.current().strategy.scope():
+            # Slots must exist on every member before the first sync; in the scope of the
+            # strategy the model was built in.
+            with model.distribute_strategy.scope():
                 optimizer.build(model.trainable_variables)
         super().__init__(variables=(), **values)
 
@@ -347,7 +378,7 @@ def _layout(variables: list[tf.Variable]) -> list[tuple[str, tuple, str]]:
              tf.as_dtype(v.dtype).name) for v in variables]
 
 
-def _check_layouts(variables: list[tf.Variable], source: int) -> None:
+def _check_layouts(job: Job, variables: list[tf.Variable], source: int) -> None:
     """Compares every member's state layout with the source's before any variable is sent.
 
     A node whose layout differs raises StateLayoutMismatch naming the first
@@ -355,15 +386,14 @@ def _check_layouts(variables: list[tf.Variable], source: int) -> None:
     and re-form without it. Without this check the sync's broadcast fails
     with a mismatch, and only where the differing node takes part.
     """
-    session = runtime_lib.current().session
     layouts = {node_id: pickle.loads(blob) for node_id, blob in
-               session.exchange("layout", pickle.dumps(_layout(variables))).items()}
+               job.exchange("layout", pickle.dumps(_layout(variables))).items()}
     expected = layouts[source]
     differing = sorted(node_id for node_id, layout in layouts.items() if layout != expected)
     if not differing:
         return
-    if session.node_id in differing:
-        difference = _first_difference(layouts[session.node_id], expected,
+    if job.node_id in differing:
+        difference = _first_difference(layouts[job.node_id], expected,
                                        "the members have")
         raise StateLayoutMismatch(
             f"this node's state differs from the members' {difference}. Build the same model, "
@@ -387,25 +417,6 @@ def _optimizer_built(optimizer) -> bool:
     if not callable(getattr(optimizer, "build", None)):
         return True
     return bool(getattr(optimizer, "built", getattr(optimizer, "_built", False)))
-
-
-def _extended():
-    """The strategy's extended object, or None before there is a strategy."""
-    rt = runtime_lib.current_or_none()
-    return None if rt is None or rt.strategy is None else rt.strategy.extended
-
-
-def _input_cursors() -> list[tf.Variable]:
-    """The cursors of the strategy's elastic inputs (none without a strategy)."""
-    extended = _extended()
-    return [] if extended is None else list(extended.input_cursors)
-
-
-def _strategy():
-    strategy = runtime_lib.current().strategy
-    if strategy is None:
-        raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy before training")
-    return strategy
 
 
 def _local_copy(variable):

@@ -11,9 +11,11 @@ import pytest
 
 from tensorflow_elastic import environment, memory, net
 from tensorflow_elastic.errors import ElasticJobFailed
+from tensorflow_elastic.membership.session import MembershipSession
 from tensorflow_elastic.rendezvous import Membership
-from tensorflow_elastic.rendezvous.session import MembershipSession
+from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster, runtime
+from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
 
 
 class _UnusedClient:
@@ -23,7 +25,8 @@ class _UnusedClient:
 @pytest.fixture
 def job(monkeypatch):
     rt = runtime.ElasticRuntime(
-        MembershipSession(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4))
+        MembershipSession(_UnusedClient(), "127.0.0.1:1", NodeBounds(2, 4)),
+        CollectiveInterrupter())
     monkeypatch.setattr(runtime, "_runtime", rt)
     return rt
 
@@ -43,8 +46,8 @@ def test_the_reserved_port_is_held_until_the_server_takes_it():
     reservation = net.hold_port("127.0.0.1")
     port = reservation.getsockname()[1]
     rt = runtime.ElasticRuntime(
-        MembershipSession(_UnusedClient(), f"127.0.0.1:{port}", min_nodes=1, max_nodes=1),
-        address_reservation=reservation)
+        MembershipSession(_UnusedClient(), f"127.0.0.1:{port}", NodeBounds(1, 1)),
+        CollectiveInterrupter(), address_reservation=reservation)
     with socket.socket() as other, pytest.raises(OSError):
         other.bind(("127.0.0.1", port))
     rt.release_address()
@@ -129,69 +132,61 @@ def test_peers_are_probed_at_once_and_only_the_silent_ones_are_reported(monkeypa
     assert probes.most_at_once == 3  # one timeout for all, not one per peer
 
 
-class _Extended:
-    """What the runtime asks of the strategy: its generation, and regroup."""
-
-    def __init__(self, generation, aborts):
-        self.generation = generation
-        self._aborts = aborts
-
-    def regroup(self, members, generation):
-        self._aborts.append(f"moved to {generation}")
-        self.generation = generation
-
-
 @pytest.fixture
-def serving_generation_3(job, monkeypatch):
-    """The runtime of a member whose TensorFlow serves generation 3; the list of what happened."""
+def serving_generation_3(monkeypatch):
+    """The interrupter of a member whose TensorFlow serves generation 3; what happened."""
     happened = []
     monkeypatch.setattr(cluster, "abort_collectives", lambda reason: happened.append("abort"))
-    job.strategy = type("Strategy", (), {"extended": _Extended(3, happened)})()
-    return job, happened
+    return CollectiveInterrupter(serving=3), happened
+
+
+def _move(interrupts: CollectiveInterrupter, generation: int, happened: list) -> None:
+    with interrupts.moving_to(generation):
+        happened.append(f"moved to {generation}")
 
 
 def test_news_of_a_newer_generation_aborts_the_collectives(serving_generation_3):
-    rt, happened = serving_generation_3
-    rt._stop_collectives("membership changed", 4)
+    interrupts, happened = serving_generation_3
+    interrupts.peers_lost("membership changed", 4)
     assert happened == ["abort"]
 
 
 def test_old_news_leaves_the_generation_that_is_served_alone(serving_generation_3):
     """A watch update read before this node moved to generation 3, acted on after it."""
-    rt, happened = serving_generation_3
-    rt._stop_collectives("membership changed", 3)
+    interrupts, happened = serving_generation_3
+    interrupts.peers_lost("membership changed", 3)
     assert happened == []
 
 
 def test_a_generation_that_ended_while_this_node_moved_to_it_is_aborted_after_the_move(
         serving_generation_3):
-    rt, happened = serving_generation_3
-    rt._stop_collectives("membership changed", 5)  # generation 4 ended before the move
-    rt._regroup(Membership(0, 4, {0: "a", 1: "b"}, 0))
+    interrupts, happened = serving_generation_3
+    interrupts.peers_lost("membership changed", 5)  # generation 4 ended before the move
+    _move(interrupts, 4, happened)
     assert happened == ["abort", "moved to 4", "abort"]
-    rt._regroup(Membership(0, 5, {0: "a", 1: "b"}, 0))
+    _move(interrupts, 5, happened)
     assert happened[3:] == ["moved to 5"]
 
 
 def test_a_loss_that_is_no_membership_change_always_aborts(serving_generation_3):
-    rt, happened = serving_generation_3
-    rt._stop_collectives("heartbeats stopped", None)
+    interrupts, happened = serving_generation_3
+    interrupts.peers_lost("heartbeats stopped", None)
     assert happened == ["abort"]
 
 
-def test_no_probe_when_the_orchestrator_already_moved_on(serving_generation_3, monkeypatch):
-    rt, _ = serving_generation_3
-    rt.session.membership = Membership(0, 3, {0: "a", 1: "b"}, 0)
+def test_no_probe_when_the_orchestrator_already_moved_on(job, monkeypatch):
+    monkeypatch.setattr(cluster, "abort_collectives", lambda reason: None)
+    job.session.membership = Membership(0, 3, {0: "a", 1: "b"}, 0)
     reported = []
-    monkeypatch.setattr(rt.session, "report_failure",
+    monkeypatch.setattr(job.session, "report_failure",
                         lambda peers, reason, detail: reported.append(peers))
 
     def probe(members, node_id):
         raise AssertionError("no probe on the way back")
 
     monkeypatch.setattr(cluster, "unreachable_peers", probe)
-    rt._stop_collectives("membership changed", 4)
-    rt.report_failure(RuntimeError("collective aborted"))
+    job._interrupts.peers_lost("membership changed", 4)
+    job._report_failure(RuntimeError("collective aborted"))
     assert reported == [[]]
 
 

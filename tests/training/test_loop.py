@@ -1,7 +1,9 @@
-"""`tensorflow_elastic.run` in one process: what a state sync failing with a mismatch leads to.
+"""`tensorflow_elastic.run` in one process: what a state sync failing with a mismatch leads to,
+and the decision table behind it.
 
-A fake session stands in for the orchestrator; the state's sync raises the
-error a collective raises when a newcomer's state does not fit the members'.
+A fake session stands in for the orchestrator and a fake strategy for TensorFlow's cluster;
+the runtime between them is the real one. The state's sync raises the error a collective
+raises when a newcomer's state does not fit the members'.
 """
 
 from types import SimpleNamespace
@@ -10,9 +12,12 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
-from tensorflow_elastic.errors import StateLayoutMismatch
+from tensorflow_elastic.errors import GenerationEnded, MembershipChanged, StateLayoutMismatch
+from tensorflow_elastic.strategy import cluster
 from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
 from tensorflow_elastic.training import loop
+from tensorflow_elastic.training.loop import Action, Situation, decide
 
 
 class _Session:
@@ -22,13 +27,10 @@ class _Session:
         self.node_id = 2
         self.generation = 3
         self.membership = SimpleNamespace(chief_id=1, members={1: "a", 2: "b"}, generation=3,
-                                          world_size=2)
+                                          world_size=2, is_chief=False)
         self.events = SimpleNamespace(record=lambda *args, **kwargs: None)
         self.left: list[str] = []
         self.reforms = 0
-
-    def enter_training(self):
-        pass
 
     def check_job_alive(self):
         pass
@@ -36,8 +38,18 @@ class _Session:
     def moved_on(self):
         return self._moved_on
 
-    def reform(self):
-        self.reforms += 1
+    def report_failure(self, peers, reason, detail):
+        pass
+
+    def join_next_generation(self):
+        if self.standby:
+            self.standby = False  # a newcomer's entry, not a re-form
+        else:
+            self.reforms += 1
+        return self.membership
+
+    def start_generation(self, membership):
+        return True
 
     def finish(self, commits):
         pass
@@ -76,9 +88,10 @@ def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgume
          moved_on: bool = False, failures: int = 1,
          message: str = "Collective instance 1073741825 differs", train=lambda state: "trained"):
     session = _Session(standby, moved_on)
-    failures_reported = []
-    monkeypatch.setattr(runtime_lib, "current", lambda: SimpleNamespace(
-        session=session, report_failure=failures_reported.append))
+    rt = runtime_lib.ElasticRuntime(session, CollectiveInterrupter())
+    rt.strategy = SimpleNamespace(extended=SimpleNamespace(regroup=lambda members, gen: None))
+    monkeypatch.setattr(runtime_lib, "current", lambda: rt)
+    monkeypatch.setattr(cluster, "unreachable_peers", lambda members, node_id: [])
     state = _MismatchOnce(step=0)
     object.__setattr__(state, "error", error)
     object.__setattr__(state, "failures", failures)
@@ -162,3 +175,46 @@ def test_re_forms_that_never_get_to_commit_end_the_job_with_the_last_failure(mon
         train(state)
     assert isinstance(failed.value.__cause__, tf.errors.InternalError)
     assert session.reforms == loop.MAX_REFORMS_WITHOUT_PROGRESS
+
+
+def _error(kind, message="Collective instance 105 differs"):
+    return kind(None, None, message)
+
+
+MEMBER, NEWCOMER = False, True
+IN_STEP, IN_SYNC = True, False
+NEVER_ASKED = None
+
+
+@pytest.mark.parametrize("error, in_step, newcomer, commits, moved_on, action", [
+    (MembershipChanged("vote"), IN_STEP, MEMBER, 5, NEVER_ASKED, Action.CHANGE),
+    (StateLayoutMismatch("differs"), IN_SYNC, NEWCOMER, 0, NEVER_ASKED, Action.LEAVE),
+    (GenerationEnded("lost"), IN_SYNC, MEMBER, 5, NEVER_ASKED, Action.RESYNC),
+    (GenerationEnded("lost"), IN_STEP, MEMBER, 5, NEVER_ASKED, Action.RAISE),
+    # A lost peer, in a step or in the sync.
+    (_error(tf.errors.UnavailableError), IN_STEP, MEMBER, 5, NEVER_ASKED, Action.RECOVER),
+    (_error(tf.errors.CancelledError), IN_SYNC, MEMBER, 5, NEVER_ASKED, Action.RECOVER),
+    # A newcomer whose state does not fit, unless the generation ended or the mismatch was
+    # another newcomer's.
+    (_error(tf.errors.InvalidArgumentError), IN_SYNC, NEWCOMER, 0, False, Action.LEAVE),
+    (_error(tf.errors.InvalidArgumentError), IN_SYNC, NEWCOMER, 0, True, Action.RECOVER),
+    (_error(tf.errors.InvalidArgumentError, ANOTHER_GROUPS_MISMATCH), IN_SYNC, NEWCOMER, 0,
+     NEVER_ASKED, Action.RECOVER),
+    # Members whose sync a newcomer broke; at a job's start the same is a bug.
+    (_error(tf.errors.InvalidArgumentError), IN_SYNC, MEMBER, 5, False, Action.RECOVER),
+    (_error(tf.errors.InvalidArgumentError), IN_SYNC, MEMBER, 0, False, Action.RAISE),
+    # In a step: a mismatch is the training code's, unless passed on from another group.
+    (_error(tf.errors.InvalidArgumentError), IN_STEP, MEMBER, 5, False, Action.RAISE),
+    (_error(tf.errors.InvalidArgumentError), IN_STEP, MEMBER, 5, True, Action.RECOVER),
+    (_error(tf.errors.InvalidArgumentError, ANOTHER_GROUPS_MISMATCH), IN_STEP, MEMBER, 5,
+     NEVER_ASKED, Action.RECOVER),
+    # The user's own errors.
+    (ValueError("bad input"), IN_STEP, MEMBER, 5, False, Action.RAISE),
+    (ZeroDivisionError(), IN_STEP, NEWCOMER, 0, False, Action.RAISE),
+])
+def test_what_the_loop_does_about_an_error(error, in_step, newcomer, commits, moved_on, action):
+    def asked():
+        assert moved_on is not NEVER_ASKED, "the error alone decides: no call to the orchestrator"
+        return moved_on
+
+    assert decide(error, Situation(in_step, newcomer, commits), asked) is action

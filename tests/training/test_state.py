@@ -1,11 +1,11 @@
 """State objects in one process: snapshots, rollback, uncommitted steps, reset callbacks.
 
 Commit's vote and a real sync need a cluster; tests/strategy covers them with
-real workers. Here a fake runtime stands in for the members a sync gathers.
+real workers. Here a stand-in job (what the runtime hands a State) plays the
+members a sync gathers.
 """
 
 import pickle
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +14,6 @@ import tensorflow as tf
 import tensorflow_elastic as tfe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
-from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.training.state import furthest_ahead, needing_state
 
@@ -109,7 +108,32 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def _members_ahead(monkeypatch, broadcast, events_file=None, layouts=None):
+class _Job:
+    """What a State is handed in place of the runtime (training.state.Job): node 1 of
+    generation 2, alone unless `exchange` says otherwise; a commit never changes the
+    membership."""
+
+    node_id = 1
+
+    def __init__(self, exchange=None, broadcast=None, events_file=None, prepare=None,
+                 generation=2):
+        self.exchange = exchange or (lambda topic, blob: {1: blob})
+        self.broadcast_variables = broadcast
+        self.prepare_to_receive = prepare
+        self.generation = generation
+        self.events = EventLog(events_file and str(events_file))
+
+    def commit(self, state):
+        state.count_commit(lambda: (0.0, 1.0))
+
+    def record(self, event, **fields):
+        self.events.record(event, node=self.node_id, generation=self.generation, **fields)
+
+    def snapshot_extras(self):
+        return None, []
+
+
+def _members_ahead(state, broadcast, events_file=None, layouts=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
     source, receivers)` stands in for the collectives that give the variables node 0's values.
     `layouts` (node -> layout) replaces the members' state layouts (default: all equal to node
@@ -123,12 +147,7 @@ def _members_ahead(monkeypatch, broadcast, events_file=None, layouts=None):
         shared.update({node: pickle.dumps(layout) for node, layout in (layouts or {}).items()})
         return shared
 
-    session = SimpleNamespace(node_id=1, generation=2,
-                              events=EventLog(events_file and str(events_file)),
-                              exchange=exchange)
-    strategy = SimpleNamespace(extended=SimpleNamespace(broadcast_variables=broadcast))
-    monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(session=session, strategy=strategy))
+    state.bind(_Job(exchange, broadcast, events_file))
 
 
 def _receive(values):
@@ -143,10 +162,10 @@ def _receive(values):
     return broadcast
 
 
-def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path):
+def test_a_sync_records_what_it_moved_and_how_long_it_took(tmp_path):
     weights, counts = tf.Variable([1.0, 2.0]), tf.Variable([3], dtype=tf.int64)
     state = tfe.TensorFlowState([weights, counts], step=3)
-    _members_ahead(monkeypatch, _receive([[5.0, 6.0], [9]]), tmp_path / "events.jsonl")
+    _members_ahead(state, _receive([[5.0, 6.0], [9]]), tmp_path / "events.jsonl")
     state.sync()
     [synced] = read_events(str(tmp_path / "events.jsonl"), event=events.STATE_SYNCED)
     assert (synced["node"], synced["generation"], synced["source"]) == (1, 2, 0)
@@ -154,10 +173,10 @@ def test_a_sync_records_what_it_moved_and_how_long_it_took(monkeypatch, tmp_path
     assert synced["seconds"] >= 0
 
 
-def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
+def test_sync_takes_the_values_and_variables_of_the_member_ahead():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
-    _members_ahead(monkeypatch, _receive([[5.0]]))
+    _members_ahead(state, _receive([[5.0]]))
     state.sync()
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [5.0])
     weights.assign([0.0])
@@ -165,7 +184,7 @@ def test_sync_takes_the_values_and_variables_of_the_member_ahead(monkeypatch):
     assert weights.numpy().tolist() == [5.0]
 
 
-def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch):
+def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=3)
 
@@ -173,7 +192,7 @@ def test_a_sync_that_fails_in_the_broadcast_is_undone_by_the_restore(monkeypatch
         variables[0].assign([5.0])  # received before the peer was lost
         raise tf.errors.UnavailableError(None, None, "peer lost")
 
-    _members_ahead(monkeypatch, peer_lost)
+    _members_ahead(state, peer_lost)
     with pytest.raises(tf.errors.UnavailableError):
         state.sync()
     state.restore()
@@ -195,33 +214,12 @@ def test_members_apart_a_newcomer_or_a_fresh_start_receive(commits, source, rece
     assert needing_state(commits, source) == receivers
 
 
-class _NoVote:
-    """A vote nobody casts: every commit goes on in the same membership."""
-
-    tally = None
-
-    def read_tally(self):
-        return (0.0, 1.0)
-
-    def outcome(self, tally):
-        return False
-
-
-def _alone(monkeypatch):
-    session = SimpleNamespace(check_job_alive=lambda: None, report_step=lambda step: None)
-    extended = SimpleNamespace(vote=_NoVote(), input_cursors=[])
-    monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(session=session,
-                                                strategy=SimpleNamespace(extended=extended)))
-    monkeypatch.setattr(runtime_lib, "current_or_none", runtime_lib.current)
-
-
 @pytest.mark.parametrize("snapshot_every, restored", [(1, 5), (3, 3), (10, 0)])
-def test_a_restore_goes_back_to_the_last_snapshot_of_the_commit_policy(monkeypatch, snapshot_every,
+def test_a_restore_goes_back_to_the_last_snapshot_of_the_commit_policy(snapshot_every,
                                                                        restored):
-    _alone(monkeypatch)
     weights = tf.Variable(0.0)
     state = tfe.TensorFlowState([weights], step=0, snapshot_every=snapshot_every)
+    state.bind(_Job())
     for _ in range(5):
         weights.assign_add(1.0)
         state.step += 1
@@ -236,68 +234,56 @@ def test_a_commit_policy_below_one_is_refused():
         tfe.State(step=0, snapshot_every=0)
 
 
-def test_a_node_prepares_before_joining_to_receive_every_variable_of_its_state(monkeypatch):
+def test_a_node_prepares_before_joining_to_receive_every_variable_of_its_state():
     weights, bias = tf.Variable([1.0]), tf.Variable(0.0)
     prepared = []
-    extended = SimpleNamespace(prepare_to_receive=prepared.append, input_cursors=[],
-                               vote=_NoVote())
-    monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(strategy=SimpleNamespace(extended=extended)))
-    monkeypatch.setattr(runtime_lib, "current_or_none", runtime_lib.current)
     state = tfe.TensorFlowState([weights, bias], step=0)
+    state.bind(_Job(prepare=prepared.append))
     state.prepare_to_join()
     assert prepared == [[weights, bias]]
 
 
-def test_members_at_the_same_commit_keep_their_variables_and_move_nothing(monkeypatch):
+def test_members_at_the_same_commit_keep_their_variables_and_move_nothing():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
     state.step = 7
     object.__setattr__(state, "_commits", 7)
     broadcasts = []
-    _members_ahead(monkeypatch, lambda variables, source, receivers, one_group: broadcasts.append(source))
+    _members_ahead(state, lambda variables, source, receivers, one_group: broadcasts.append(source))
     state.sync()
     assert broadcasts == []
     assert (state.step, state.commits, weights.numpy().tolist()) == (7, 7, [1.0])
 
 
-def _recording_broadcasts(monkeypatch, session) -> list:
-    """A fake runtime around `session` whose broadcasts only record (source, receivers,
-    one_group)."""
+def _recording_broadcasts(state, exchange, generation) -> list:
+    """Binds `state` to a job whose broadcasts only record (source, receivers, one_group)."""
     broadcasts = []
-    extended = SimpleNamespace(broadcast_variables=lambda v, source, receivers, one_group:
-                               broadcasts.append((source, receivers, one_group)))
-    monkeypatch.setattr(runtime_lib, "current",
-                        lambda: SimpleNamespace(session=session,
-                                                strategy=SimpleNamespace(extended=extended)))
+    state.bind(_Job(exchange, lambda v, source, receivers, one_group:
+                    broadcasts.append((source, receivers, one_group)), generation=generation))
     return broadcasts
 
 
-def test_members_that_never_committed_take_the_chiefs_variables(monkeypatch):
+def test_members_that_never_committed_take_the_chiefs_variables():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
-    session = SimpleNamespace(node_id=1, generation=1, events=EventLog(None),
-                              exchange=lambda topic, blob: {
+    broadcasts = _recording_broadcasts(state, lambda topic, blob: {
                                   0: blob if topic == "layout" else pickle.dumps(({"step": 0}, 0)),
-                                  1: blob})
-    broadcasts = _recording_broadcasts(monkeypatch, session)
+                                  1: blob}, generation=1)
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ. At the
     # start nobody is a newcomer to blame: one group.
     assert broadcasts == [(0, [1], True)]
 
 
-def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync(monkeypatch):
+def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
     state.step = 7
     object.__setattr__(state, "_commits", 7)
     newcomer = pickle.dumps(({"step": 0}, 0))
-    session = SimpleNamespace(node_id=1, generation=3, events=EventLog(None),
-                              exchange=lambda topic, blob: {
+    broadcasts = _recording_broadcasts(state, lambda topic, blob: {
                                   0: blob if topic == "layout" else pickle.dumps(({"step": 7}, 7)),
-                                  1: blob, 2: blob if topic == "layout" else newcomer})
-    broadcasts = _recording_broadcasts(monkeypatch, session)
+                                  1: blob, 2: blob if topic == "layout" else newcomer}, generation=3)
     state.sync()
     # Node 0 sends to node 2 only; node 1 holds the same commit already.
     assert broadcasts == []
@@ -308,21 +294,21 @@ def _never_broadcast(tensors, source, receivers, one_group):
     raise AssertionError("no variable may be sent when the layouts differ")
 
 
-def test_a_node_whose_variables_differ_from_the_members_says_which_and_takes_nothing(monkeypatch):
+def test_a_node_whose_variables_differ_from_the_members_says_which_and_takes_nothing():
     weights = tf.Variable([1.0], name="weights")
     state = tfe.TensorFlowState([weights], step=3)
-    _members_ahead(monkeypatch, _never_broadcast,
+    _members_ahead(state, _never_broadcast,
                    layouts={0: [("weights:0", (2,), "float32")]})
     with pytest.raises(StateLayoutMismatch, match=r"weights:0', \(1,\).*weights:0', \(2,\)"):
         state.sync()
     assert (state.step, state.commits, weights.numpy().tolist()) == (3, 0, [1.0])
 
 
-def test_members_re_form_without_a_node_whose_variables_differ(monkeypatch):
+def test_members_re_form_without_a_node_whose_variables_differ():
     weights = tf.Variable([1.0], name="weights")
     state = tfe.TensorFlowState([weights], step=3)
     # Node 0 is the source and node 1 matches it; node 2 (a newcomer) has one variable more.
-    _members_ahead(monkeypatch, _never_broadcast,
+    _members_ahead(state, _never_broadcast,
                    layouts={2: [("weights:0", (1,), "float32"), ("extra:0", (), "float32")]})
     with pytest.raises(GenerationEnded, match=r"\[2\]"):
         state.sync()
@@ -366,14 +352,13 @@ def test_a_re_form_drops_the_keras_evaluation_and_prediction_functions():
     assert model.test_function is not None
 
 
-def test_a_keras_state_with_a_commit_policy_restores_weights_and_slots_updated_in_place(
-        monkeypatch):
+def test_a_keras_state_with_a_commit_policy_restores_weights_and_slots_updated_in_place():
     """Keras 3's Adam updates the weights and both slots in place (copy-on-write while held)."""
-    _alone(monkeypatch)
     model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
     optimizer = tf.keras.optimizers.Adam(0.1)
     optimizer.build(model.trainable_variables)
     state = tfe.KerasState(model, optimizer, step=0, snapshot_every=2)
+    state.bind(_Job())
 
     def values():
         return [v.numpy().copy() for v in model.weights + optimizer.variables]
@@ -395,3 +380,10 @@ def test_a_keras_state_with_a_commit_policy_restores_weights_and_slots_updated_i
     assert state.step == 2
     for h, v in zip(held, values()):
         np.testing.assert_array_equal(h, v)
+
+
+def test_a_state_outside_the_elastic_run_says_where_to_commit():
+    state = tfe.State(step=0)
+    with pytest.raises(RuntimeError, match="inside a function decorated with "
+                                           "tensorflow_elastic.run"):
+        state.commit()

@@ -1,20 +1,22 @@
-"""A worker's membership: its node id, its generation, and the re-form protocol it follows.
+"""A worker's membership: its node id, its generation, its phase and the calls of the protocol.
 
 TensorFlow-free, so the protocol is testable without a cluster. A node that
 arrives while a job runs registers (gets its permanent id) without joining
 yet, so it can build its model and trace its functions while the members keep
 training; it joins when training starts.
 
-Two threads keep the view current: heartbeats (liveness, nodes waiting to
-join) and the orchestrator's watch stream. A third, the progress watchdog,
-notices training that stopped committing (see :class:`ProgressWatchdog`).
-What follows from a change is left to listeners: `on_peers_lost` (unblock
-whatever waits on a lost peer) and `on_regroup` (move to the new generation's
-members before its barrier).
+The session does the membership steps; the runtime (strategy/runtime.py)
+decides their order. Two threads keep the view current: heartbeats (liveness,
+nodes waiting to join) and the orchestrator's watch stream. A third, the
+progress watchdog, notices training that stopped committing (see
+:class:`ProgressWatchdog`). When they learn that peers are gone they call the
+`on_peers_lost` collaborator the session was given (it unblocks whatever waits
+on a lost peer); nothing else calls out of the session.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -22,6 +24,9 @@ from typing import Callable
 
 from tensorflow_elastic import environment
 from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded
+from tensorflow_elastic.membership.phase import (LIVE, WAITING_ON_THE_ORCHESTRATOR, PhaseMachine,
+                                                 WorkerPhase)
+from tensorflow_elastic.membership.watchdog import ProgressWatchdog
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
@@ -30,8 +35,7 @@ from tensorflow_elastic.rendezvous.errors import (UNKNOWN_RUN, BlocklistedError,
                                                   OrchestratorUnreachableError, RendezvousError,
                                                   RunFailedError)
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
-from tensorflow_elastic.rendezvous.types import Membership, Phase
-from tensorflow_elastic.rendezvous.watchdog import ProgressWatchdog
+from tensorflow_elastic.rendezvous.types import Membership, NodeBounds, Phase
 
 logger = logging.getLogger(__name__)
 
@@ -49,61 +53,107 @@ BLOCKED_RETRY_S = 2.0
 # How long a worker waits for an orchestrator that does not answer (environment.ORCHESTRATOR_WAIT).
 DEFAULT_ORCHESTRATOR_WAIT_S = 60.0
 
-# listener(reason, generation): when the loss is a membership change, `generation` is the first
-# generation that has not ended (collectives of older ones must stop); None when every
+# on_peers_lost(reason, generation): when the loss is a membership change, `generation` is the
+# first generation that has not ended (collectives of older ones must stop); None when every
 # collective must stop (the run failed, this node lost its place, the watchdog fired).
-PeersLostListener = Callable[[str, "int | None"], None]
-RegroupListener = Callable[[Membership], None]
+PeersLost = Callable[[str, "int | None"], None]
+
+# Where a live node may hear that the job went on without it.
+_IN_THE_JOB = frozenset({WorkerPhase.MEMBER, WorkerPhase.REFORMING, WorkerPhase.STEPPED_ASIDE})
+
+
+@dataclasses.dataclass(frozen=True)
+class Absence:
+    """Why and since when (time.monotonic(); None when it learnt of it only as it came back) the
+    job may be going on without this live node: it was removed, or it stepped aside. Cleared
+    when it is back."""
+
+    reason: str
+    since: float | None
 
 
 class MembershipSession:
-    """One node's membership of an elastic job, and the re-form protocol every member follows."""
+    """One node's membership of an elastic job: its phase and the protocol's membership steps."""
 
-    def __init__(self, client: Client, address: str, min_nodes: int, max_nodes: int,
+    def __init__(self, client: Client, address: str, bounds: NodeBounds,
+                 on_peers_lost: PeersLost = lambda reason, generation: None,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
                  progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10,
                  barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S):
-        if not 1 <= min_nodes <= max_nodes:
-            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}:{max_nodes}")
         self.client = client
         self.address = address
-        self.min_nodes = min_nodes
-        self.max_nodes = max_nodes
+        self.bounds = bounds
         self.join_timeout = join_timeout
         self.barrier_timeout = barrier_timeout
         self.events = events.EventLog(source="worker")
         self._steps = StepReporter(every=step_events_every)
+        self._on_peers_lost = on_peers_lost
         self.membership: Membership | None = None
-        self.standby = False
+        self.phases = PhaseMachine()
+        self.absence: Absence | None = None
+        # Votes and news that change nothing of the phase by themselves.
         self._waiting = 0
         self._leave_requested = threading.Event()
-        self._unplanned_change = threading.Event()
-        self._reforming = threading.Event()
-        self._failure_reason = ""
-        # Why the orchestrator removed this live node (it went silent, it was cut off, it
-        # hung), or why it stepped aside; the next re-form takes it back (and heartbeats
-        # again). Empty while it is in the job.
-        self._removed_reason = ""
-        self._removed_at: float | None = None
-        # Set by the watchdog when it stopped this stuck node's heartbeats, until it commits.
-        self._stepped_aside = threading.Event()
+        self._generation_ended = threading.Event()
         self._watch_thread: threading.Thread | None = None
-        self._peers_lost_listeners: list[PeersLostListener] = []
-        self._regroup_listeners: list[RegroupListener] = []
-        self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside,
-                                         self._on_stalled, paused=self._reforming.is_set)
+        self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside, self._on_stalled,
+                                         paused=lambda: self.phase in WAITING_ON_THE_ORCHESTRATOR)
 
-    # ---------------------------------------------------------------- listeners
+    # ------------------------------------------------------------------- views
 
-    def on_peers_lost(self, listener: PeersLostListener) -> None:
-        """`listener(reason, generation)` runs (on a background thread) when peers may be gone."""
-        self._peers_lost_listeners.append(listener)
+    @property
+    def phase(self) -> WorkerPhase:
+        return self.phases.phase
 
-    def on_regroup(self, listener: RegroupListener) -> None:
-        """`listener(membership)` runs at every re-form, before the new generation's barrier."""
-        self._regroup_listeners.append(listener)
+    @property
+    def node_id(self) -> int:
+        return self.client.node_id
 
-    # ---------------------------------------------------------------- joining
+    @property
+    def generation(self) -> int:
+        return 0 if self.membership is None else self.membership.generation
+
+    @property
+    def standby(self) -> bool:
+        """Registered while the job runs: it joins when it starts to train."""
+        return self.phase is WorkerPhase.STANDBY
+
+    @property
+    def leave_requested(self) -> bool:
+        return self._leave_requested.is_set()
+
+    def initial_cluster(self) -> tuple[int, dict[int, str], int]:
+        """(node id, members, generation) for the first server: a standby node is alone."""
+        if self.standby:
+            return self.node_id, {self.node_id: self.address}, 0
+        return self.node_id, dict(self.membership.members), self.membership.generation
+
+    def wants_reform(self) -> bool:
+        """This member's vote at a commit: nodes wait to join, it is leaving, or the group changed."""
+        world = 0 if self.membership is None else self.membership.world_size
+        return (self._leave_requested.is_set() or self._generation_ended.is_set()
+                or (self._waiting > 0 and world < self.bounds.max_nodes))
+
+    def moved_on(self) -> bool:
+        """Whether the job went on without this node's generation: it was removed, or a newer
+        generation started. A collective that fails then (e.g. a peer no longer knows its
+        group: FailedPreconditionError) failed because of the change, not the training code."""
+        if self.absence is not None or self._generation_ended.is_set():
+            return True
+        try:
+            info = self.client.heartbeat()
+        except NodeRemovedError as e:
+            self._note_removed(e)
+            return True
+        except RendezvousError:
+            return False
+        return info.generation > self.generation
+
+    def check_job_alive(self) -> None:
+        if self.phase is WorkerPhase.FAILED:
+            raise ElasticJobFailed(self.phases.reason)
+
+    # ------------------------------------------------------------------- joining
 
     def start(self) -> None:
         """Joins the forming job, or registers as a standby node when the job already runs."""
@@ -114,11 +164,14 @@ class MembershipSession:
                 raise
             running = False
         if running:
-            self.client.register(self.address, self.min_nodes, self.max_nodes)
-            self.standby = True
-            logger.info("node %d registered; joins when training starts", self.client.node_id)
-        else:
-            self._join()
+            self.client.register(self.address, self.bounds.min_nodes, self.bounds.max_nodes)
+            self.phases.node = f"node {self.node_id}"
+            self.phases.move(WorkerPhase.STANDBY, "the job runs already")
+            logger.info("node %d registered; joins when training starts", self.node_id)
+            return
+        self._join()
+        self.phases.node = f"node {self.node_id}"
+        self.phases.move(WorkerPhase.MEMBER, f"joined generation {self.generation}")
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
@@ -128,30 +181,18 @@ class MembershipSession:
         self._watch_thread.start()
         self.watchdog.start()
 
-    @property
-    def node_id(self) -> int:
-        return self.client.node_id
-
-    @property
-    def generation(self) -> int:
-        return 0 if self.membership is None else self.membership.generation
-
-    def initial_cluster(self) -> tuple[int, dict[int, str], int]:
-        """(node id, members, generation) for the first server: a standby node is alone."""
-        if self.standby:
-            return self.node_id, {self.node_id: self.address}, 0
-        return self.node_id, dict(self.membership.members), self.membership.generation
-
-    def _join(self) -> None:
+    def _join(self) -> Membership:
         """Blocks until this node is a member of a generation newer than its last one.
 
         A node coming back after a removal whose address is blocked (it failed repeatedly)
         waits the block out, within its join timeout.
         """
+        first = self.membership is None or self.standby
         deadline = time.monotonic() + self.join_timeout
         while True:
             try:
-                self.membership = self.client.join(self.address, self.min_nodes, self.max_nodes,
+                self.membership = self.client.join(self.address, self.bounds.min_nodes,
+                                                   self.bounds.max_nodes,
                                                    timeout=max(1.0, deadline - time.monotonic()))
                 break
             except RunFailedError as e:
@@ -160,63 +201,61 @@ class MembershipSession:
                 raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") \
                     from None
             except BlocklistedError as e:
-                if not self._removed_reason or time.monotonic() > deadline:
+                if self.absence is None or time.monotonic() > deadline:
                     raise
-                logger.warning("%s; it waits to come back: %s", self._removed_reason, e.message)
+                logger.warning("%s; it waits to come back: %s", self.absence.reason, e.message)
                 time.sleep(BLOCKED_RETRY_S)
-        self._unplanned_change.clear()
-        if self.membership.taken_back_after and not self._removed_reason:
+        self._generation_ended.clear()
+        if self.membership.taken_back_after and self.absence is None:
             # Its join overtook the heartbeat that would have told it of the removal.
-            self._removed_reason = self.membership.taken_back_after
-        if self._removed_reason:
-            self._back_after_removal()
-        if self.standby or not self._regroup_listeners:
+            self.absence = Absence(self.membership.taken_back_after, None)
+        if self.absence is not None:
+            self._back_after_absence()
+        if first:
             self.events.record(events.RENDEZVOUS_COMPLETE, node=self.node_id,
                                generation=self.membership.generation,
                                members=sorted(self.membership.members),
                                world_size=self.membership.world_size)
-        self.standby = False
+        return self.membership
 
-    # ----------------------------------------------------------- re-forming
+    # ---------------------------------------------------------------- re-forming
 
-    def enter_training(self) -> None:
-        """A standby node joins now (blocking until the members admit it at a commit)."""
-        if self.standby:
-            self.reform()
+    def begin_reform(self, why: str) -> None:
+        """This node stops training in its generation to move to the next one with the others."""
+        self.phases.move(WorkerPhase.REFORMING, why)
 
-    def reform(self) -> None:
-        """Moves to the next generation with the members still there; every member calls it.
-
-        The membership may move on while members gather (a leaver's departure
-        lands after the others re-joined, a second failure): then the barrier
-        fails with GenerationChangedError and the node follows to the newer one.
-        """
-        self._reforming.set()
+    def join_next_generation(self) -> Membership:
+        """The next generation this node is a member of (blocks until the orchestrator has it)."""
+        self.begin_reform("joining the next generation")
         try:
-            while True:
-                self._join()
-                try:
-                    self._regroup()
-                    self.watchdog.restart()
-                    return
-                except GenerationChangedError:
-                    logger.info("generation %d ended while forming; joining the next one",
-                                self.generation)
-                except NodeRemovedError as e:
-                    self._note_removed(e)
+            return self._join()
         except OrchestratorUnreachableError as e:
             raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
-        finally:
-            self._reforming.clear()
 
-    def _regroup(self) -> None:
-        membership = self.membership
-        for listener in self._regroup_listeners:
-            listener(membership)
-        self.client.barrier(f"generation-{membership.generation}", timeout=self.barrier_timeout)
+    def start_generation(self, membership: Membership) -> bool:
+        """The new generation's barrier: False when the membership moved on meanwhile (a
+        leaver's departure landed after the others re-joined, a second failure) and the node
+        must join the next one."""
+        try:
+            self.client.barrier(f"generation-{membership.generation}",
+                                timeout=self.barrier_timeout)
+        except GenerationChangedError:
+            logger.info("generation %d ended while forming; joining the next one",
+                        membership.generation)
+            return False
+        except NodeRemovedError as e:
+            self._note_removed(e)
+            return False
+        except OrchestratorUnreachableError as e:
+            raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
         self.events.record(events.GENERATION_START, node=self.node_id,
                            generation=membership.generation, members=sorted(membership.members),
                            world_size=membership.world_size, chief=membership.chief_id)
+        # News that this node was removed meanwhile keeps it REMOVED: it re-forms again.
+        self.phases.move(WorkerPhase.MEMBER, f"generation {membership.generation} started",
+                         only_from={WorkerPhase.REFORMING})
+        self.watchdog.restart()
+        return True
 
     def finish_step_together(self) -> None:
         """At a planned change: returns once every member has finished the step.
@@ -226,15 +265,13 @@ class MembershipSession:
         the step's last buffers from it would fail that step. A failure while
         members gather is left to the re-form that follows.
         """
-        self._reforming.set()
+        self.begin_reform("the members voted to re-form at this commit")
         try:
             self.client.barrier(f"change-{self.generation}", timeout=self.barrier_timeout)
         except GenerationChangedError:
             logger.info("generation %d ended while its members finished the step", self.generation)
         except NodeRemovedError as e:
             self._note_removed(e)
-        finally:
-            self._reforming.clear()
 
     def exchange(self, topic: str, value: bytes) -> dict[int, bytes]:
         """Every current member's `value` for `topic`, by node id (a small all-gather).
@@ -249,30 +286,22 @@ class MembershipSession:
             self._note_removed(e)
             raise GenerationEnded(str(e)) from None
 
-    def wants_reform(self) -> bool:
-        """This member's vote at a commit: nodes wait to join, it is leaving, or the group changed."""
-        world = 0 if self.membership is None else self.membership.world_size
-        return (self._leave_requested.is_set() or self._unplanned_change.is_set()
-                or (self._waiting > 0 and world < self.max_nodes))
-
-    @property
-    def leave_requested(self) -> bool:
-        return self._leave_requested.is_set()
-
     def request_leave(self) -> None:
         """Asks to leave at the next commit (e.g. on SIGTERM, a preemption notice)."""
         self._leave_requested.set()
 
     def leave(self, reason: str) -> None:
+        self.phases.move(WorkerPhase.LEAVING, reason)
         self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
                            reason=reason)
         self.close()  # first: a heartbeat after the leave would find the node gone
         self.client.leave(reason)
+        self.phases.move(WorkerPhase.FINISHED, reason)
 
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
         self.watchdog.progress()
-        if self._stepped_aside.is_set():
+        if self.phase is WorkerPhase.STEPPED_ASIDE:
             self._recovered_in_place()
         if self._steps.due(step):
             self._steps.report(step, self.membership.world_size, node=self.node_id,
@@ -300,7 +329,7 @@ class MembershipSession:
         the orchestrator cannot be reached, it returns with a warning, so that the
         code after training (saving the model) runs.
         """
-        self._reforming.set()
+        self.phases.move(WorkerPhase.LEAVING, f"training finished at step {step}")
         reachable = True
         try:
             self.client.barrier(f"exit-{self.generation}", timeout=self.barrier_timeout)
@@ -314,6 +343,7 @@ class MembershipSession:
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
         self.close()  # first: a heartbeat after the leave would find the node gone
+        self.phases.move(WorkerPhase.FINISHED, "job complete")
         if not reachable:
             return
         try:
@@ -325,34 +355,19 @@ class MembershipSession:
         self.watchdog.stop()
         self.client.stop_heartbeats()
 
-    def moved_on(self) -> bool:
-        """Whether the job went on without this node's generation: it was removed, or a newer
-        generation started. A collective that fails then (e.g. a peer no longer knows its
-        group: FailedPreconditionError) failed because of the change, not the training code."""
-        if self._removed_reason or self._unplanned_change.is_set():
-            return True
-        try:
-            info = self.client.heartbeat()
-        except NodeRemovedError as e:
-            self._note_removed(e)
-            return True
-        except RendezvousError:
-            return False
-        return info.generation > self.generation
+    # ------------------------------------------------------------ background news
 
-    def check_job_alive(self) -> None:
-        if self._failure_reason:
-            raise ElasticJobFailed(self._failure_reason)
-
-    # ------------------------------------------------------------ background
+    def _fail(self, reason: str) -> None:
+        """The job cannot go on here: the next commit or re-form raises `reason`."""
+        self.phases.move(WorkerPhase.FAILED, reason, only_from=LIVE)
 
     def _on_heartbeat(self, info) -> None:
         self._waiting = info.waiting
         if info.state == Phase.FAILED:
-            self._failure_reason = "the orchestrator ended the run"
-            self._note_unplanned_change("run failed", None)
-        elif self._generation_ended(info.generation, info.state):
-            self._note_unplanned_change(f"generation {info.generation} started",
+            self._fail("the orchestrator ended the run")
+            self._note_generation_ended("run failed", None)
+        elif self._has_ended(info.generation, info.state):
+            self._note_generation_ended(f"generation {info.generation} started",
                                         _live_from(info.generation, info.state))
 
     def _on_heartbeats_stopped(self, error: Exception) -> None:
@@ -364,8 +379,8 @@ class MembershipSession:
             return
         reason = getattr(error, "message", None) or str(error)
         logger.error("heartbeats to the orchestrator stopped: %s", reason)
-        self._failure_reason = f"this node lost its place in the job: {reason}"
-        self._tell_peers_lost(f"heartbeats stopped: {reason}", None)
+        self._fail(f"this node lost its place in the job: {reason}")
+        self._on_peers_lost(f"heartbeats stopped: {reason}", None)
 
     def _note_removed(self, error: NodeRemovedError) -> None:
         """The orchestrator removed this node while its process lived on: its peers went on
@@ -374,32 +389,29 @@ class MembershipSession:
         if not error.may_return:
             self._on_heartbeats_stopped(error)
             return
-        if self._removed_reason:
-            return
+        if self.absence is not None:
+            return  # it knows already (or stepped aside: see _recovered_in_place)
         # "node N was removed from run R (cause)", without the advice that follows.
         reason = error.message.split("; ")[0]
-        self._removed_at = time.monotonic()
-        self._removed_reason = reason
+        if not self.phases.move(WorkerPhase.REMOVED, reason, only_from=_IN_THE_JOB):
+            return
+        self.absence = Absence(reason, time.monotonic())
         logger.warning("%s while its process lived on; it rejoins at its next re-form", reason)
         self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
                            reason=f"removed: {reason}")
-        self._unplanned_change.set()
-        self._tell_peers_lost(f"this node was removed: {reason}", None)
+        self._generation_ended.set()
+        self._on_peers_lost(f"this node was removed: {reason}", None)
 
-    def _back_after_removal(self) -> None:
+    def _back_after_absence(self) -> None:
         """Taken back after a removal: heartbeats again, and says so once."""
-        later = ("" if self._removed_at is None
-                 else f", {time.monotonic() - self._removed_at:.1f} s later")
-        logger.warning("%s and rejoined at generation %d%s", self._removed_reason,
-                       self.generation, later)
+        absence, self.absence = self.absence, None
+        later = "" if absence.since is None else f", {time.monotonic() - absence.since:.1f} s later"
+        logger.warning("%s and rejoined at generation %d%s", absence.reason, self.generation, later)
         self.events.record(events.NODE_JOINED, node=self.node_id, generation=self.generation,
-                           rejoined=True, removed_for=self._removed_reason)
-        self._removed_reason = ""
-        self._removed_at = None
+                           rejoined=True, removed_for=absence.reason)
         self._resume_heartbeats()
 
     def _resume_heartbeats(self) -> None:
-        self._stepped_aside.clear()
         self.client.start_heartbeats(heartbeat_interval(), self._on_heartbeat,
                                      self._on_heartbeats_stopped)
 
@@ -412,15 +424,17 @@ class MembershipSession:
         its next collective fails (the watch stream aborted it when the others moved on) and it
         comes back at the re-form that follows.
         """
+        cause = reason.splitlines()[0].split(";")[0]
+        absence = Absence(f"node {self.node_id} stepped aside after {cause}", time.monotonic())
+        if not self.phases.move(WorkerPhase.STEPPED_ASIDE, absence.reason,
+                                only_from={WorkerPhase.MEMBER}):
+            return
         logger.error("node %d: %s (%s); it stops heartbeating so that the others go on "
                      "without it, and comes back if it recovers", self.node_id, reason,
                      environment.PROGRESS_TIMEOUT)
-        cause = reason.splitlines()[0].split(";")[0]
         self.events.record(events.FAILURE_DETECTED, node=self.node_id, generation=self.generation,
                            failed=[self.node_id], cause=f"stuck: {cause}")
-        self._removed_at = time.monotonic()
-        self._removed_reason = f"node {self.node_id} stepped aside after {cause}"
-        self._stepped_aside.set()
+        self.absence = absence
         self.client.stop_heartbeats()
 
     def _recovered_in_place(self) -> None:
@@ -429,58 +443,57 @@ class MembershipSession:
         try:
             self.client.heartbeat()
         except NodeRemovedError:
-            self._stepped_aside.clear()  # the re-form takes it back and heartbeats again
+            # The re-form takes it back and heartbeats again.
+            self.phases.move(WorkerPhase.REMOVED, self.absence.reason,
+                             only_from={WorkerPhase.STEPPED_ASIDE})
             return
         except RendezvousError:
             return  # asked again at the next commit
+        absence, self.absence = self.absence, None
         logger.warning("%s and recovered %.1f s later, still a member; heartbeats again",
-                       self._removed_reason, time.monotonic() - self._removed_at)
-        self._removed_reason = ""
-        self._removed_at = None
+                       absence.reason, time.monotonic() - absence.since)
+        self.phases.move(WorkerPhase.MEMBER, "recovered in place",
+                         only_from={WorkerPhase.STEPPED_ASIDE})
         self._resume_heartbeats()
 
     def _on_stalled(self, reason: str) -> None:
         logger.warning("node %d: %s (%s); aborting its collectives to re-form", self.node_id,
                        reason, environment.PROGRESS_TIMEOUT)
-        self._tell_peers_lost(reason, None)
+        self._on_peers_lost(reason, None)
 
     def _watch(self) -> None:
         try:
             for update in self.client.watch():
                 self._waiting = update.waiting
                 if update.state == Phase.FAILED:
-                    self._failure_reason = update.reason
-                    self._note_unplanned_change(f"run failed: {update.reason}", None)
+                    self._fail(update.reason)
+                    self._note_generation_ended(f"run failed: {update.reason}", None)
                     return
-                if self._generation_ended(update.membership.generation, update.state):
-                    self._note_unplanned_change(update.reason or "membership changed",
+                if self._has_ended(update.membership.generation, update.state):
+                    self._note_generation_ended(update.reason or "membership changed",
                                                 _live_from(update.membership.generation,
                                                            update.state))
         except Exception as e:  # noqa: BLE001 - the heartbeat thread still watches
             logger.warning("membership watch ended: %s", e)
 
-    def _generation_ended(self, generation: int, state: Phase) -> bool:
+    def _has_ended(self, generation: int, state: Phase) -> bool:
         """Whether the orchestrator ended this member's generation: a newer one started, or the
         run fell below min_nodes (FORMING), which leaves the number as it was."""
         if self.membership is None or self.standby:
             return False
         return generation > self.membership.generation or state == Phase.FORMING
 
-    def _note_unplanned_change(self, reason: str, generation: int | None) -> None:
+    def _note_generation_ended(self, reason: str, generation: int | None) -> None:
         """The orchestrator ended every generation below `generation` (None: the run failed).
 
         While this node re-forms it votes for nothing more (it is joining the
-        newest generation already), but the listeners still hear it: a member
+        newest generation already), but its collectives still stop: a member
         lost after this node's barrier leaves the sync's collective waiting.
         """
-        if not self._reforming.is_set():
-            self._unplanned_change.set()
+        if self.phase in (WorkerPhase.MEMBER, WorkerPhase.STEPPED_ASIDE, WorkerPhase.REMOVED):
+            self._generation_ended.set()
         # Peers are gone: stop waiting on them now rather than at the timeout.
-        self._tell_peers_lost(f"membership changed: {reason}", generation)
-
-    def _tell_peers_lost(self, reason: str, generation: int | None) -> None:
-        for listener in self._peers_lost_listeners:
-            listener(reason, generation)
+        self._on_peers_lost(f"membership changed: {reason}", generation)
 
 
 def _live_from(generation: int, state: Phase) -> int:

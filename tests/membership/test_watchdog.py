@@ -12,8 +12,8 @@ import types
 
 import pytest
 
-from tensorflow_elastic.rendezvous import watchdog as watchdog_lib
-from tensorflow_elastic.rendezvous.watchdog import ProgressWatchdog, in_tensorflow
+from tensorflow_elastic.membership import watchdog as watchdog_lib
+from tensorflow_elastic.membership.watchdog import ProgressWatchdog, in_tensorflow
 
 
 def _stack(path: str) -> traceback.StackSummary:

@@ -10,9 +10,10 @@ from tensorflow_elastic.rendezvous import Client, Membership, Orchestrator
 from tensorflow_elastic.rendezvous.errors import (NODE_REMOVED_MAY_RETURN,
                                                   GenerationChangedError, NodeRemovedError,
                                                   RendezvousError)
-from tensorflow_elastic.rendezvous.session import MembershipSession
+from tensorflow_elastic.membership.phase import WorkerPhase
+from tensorflow_elastic.membership.session import MembershipSession
 from tensorflow_elastic.rendezvous.settings import RunSettings
-from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Phase
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, NodeBounds, Phase
 
 
 class _UnusedClient:
@@ -21,13 +22,13 @@ class _UnusedClient:
 
 @pytest.fixture
 def job():
-    return MembershipSession(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+    return MembershipSession(_UnusedClient(), "127.0.0.1:1", NodeBounds(2, 4))
 
 
 @pytest.mark.parametrize("bounds", [(0, 2), (3, 2)])
 def test_bad_bounds_are_refused(bounds):
     with pytest.raises(ValueError, match="min_nodes <= max_nodes"):
-        MembershipSession(_UnusedClient(), "127.0.0.1:1", *bounds)
+        NodeBounds(*bounds)
 
 
 def test_waiting_nodes_trigger_a_reform_only_below_max_nodes(job):
@@ -45,7 +46,7 @@ def test_a_leave_request_is_a_vote_to_reform(job):
 
 
 class _BarrierClient:
-    """Records barriers and whether the session was re-forming during each; can fail one."""
+    """Records barriers and the session's phase during each; can fail one."""
 
     def __init__(self, session_of, error=None):
         self.session_of = session_of
@@ -53,38 +54,47 @@ class _BarrierClient:
         self.barriers = []
 
     def barrier(self, name, timeout):
-        self.barriers.append((name, self.session_of()._reforming.is_set()))
+        self.barriers.append((name, self.session_of().phase))
         if self.error is not None:
             raise self.error
 
 
 def _member_of_generation_7(barrier_error=None):
-    session = MembershipSession(_UnusedClient(), "127.0.0.1:1", min_nodes=2, max_nodes=4)
+    session = MembershipSession(_UnusedClient(), "127.0.0.1:1", NodeBounds(2, 4))
     session.client = _BarrierClient(lambda: session, barrier_error)
     session.membership = Membership(0, 7, {0: "a", 1: "b"}, 0)
+    session.phases.move(WorkerPhase.MEMBER, "joined generation 7")
     return session
 
 
 def test_a_planned_change_waits_for_every_member_to_finish_the_step():
     session = _member_of_generation_7()
     session.finish_step_together()
-    # Watch-stream news during the barrier must not vote again.
-    assert session.client.barriers == [("change-7", True)]
-    assert not session._reforming.is_set()
+    # Re-forming already: watch-stream news during the barrier must not vote again.
+    assert session.client.barriers == [("change-7", WorkerPhase.REFORMING)]
+    session._note_generation_ended("membership changed", 8)
+    assert not session.wants_reform()
 
 
 def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
     session = _member_of_generation_7(GenerationChangedError("generation 7 ended"))
     session.finish_step_together()
-    assert session.client.barriers == [("change-7", True)]
-    assert not session._reforming.is_set()
+    assert session.client.barriers == [("change-7", WorkerPhase.REFORMING)]
+    assert session.phase is WorkerPhase.REFORMING
+
+
+def _reform(session: MembershipSession) -> None:
+    """The session's part of a re-form, as the runtime drives it (no TensorFlow to move here)."""
+    while not session.start_generation(session.join_next_generation()):
+        pass
 
 
 def _watching_session(endpoint: str, max_nodes: int) -> tuple[MembershipSession, list[str]]:
-    """A started session of a one-node job, and the reasons its peers-lost listener heard."""
-    session = MembershipSession(Client(endpoint, "job"), "127.0.0.1:20001", 1, max_nodes)
+    """A started session of a one-node job, and the reasons its peers-lost collaborator heard."""
     lost: list[str] = []
-    session.on_peers_lost(lambda reason, generation: lost.append(reason))
+    session = MembershipSession(Client(endpoint, "job"), "127.0.0.1:20001",
+                                NodeBounds(1, max_nodes),
+                                on_peers_lost=lambda reason, generation: lost.append(reason))
     session.start()
     session.start_watching()
     return session, lost
@@ -135,7 +145,7 @@ def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(capl
                 time.sleep(0.05)
             assert any("this node was removed" in reason for reason in lost)
             session.check_job_alive()  # not a failure of the job
-            session.reform()
+            _reform(session)
             assert session.node_id == node_id and session.generation > generation
             assert "(no heartbeat for 1 s) and rejoined at generation" in caplog.text
             time.sleep(1.5)  # heartbeats again: it stays
@@ -156,8 +166,8 @@ def test_a_removed_node_whose_join_overtakes_its_heartbeat_learns_of_the_removal
             with Client(server.endpoint, "job") as probe:
                 while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
                     time.sleep(0.05)
-            assert not session._removed_reason
-            session.reform()  # before any heartbeat told it: the join takes it back
+            assert session.absence is None
+            _reform(session)  # before any heartbeat told it: the join takes it back
             assert ("(no heartbeat for 1 s) and rejoined at generation "
                     f"{session.generation}\n") in caplog.text
             assert session.membership.taken_back_after
@@ -203,7 +213,7 @@ def test_a_failed_collective_is_a_consequence_of_the_change_when_the_job_moved_o
 
 def test_a_member_that_knows_of_a_change_has_moved_on_without_asking():
     session = _member_of_generation_7()
-    session._unplanned_change.set()
+    session._note_generation_ended("membership changed", 8)
     assert session.moved_on()
 
 
@@ -232,7 +242,7 @@ def test_a_stuck_node_that_recovers_before_its_removal_stays_and_heartbeats_agai
 def test_a_member_notices_the_end_of_its_generation(generation, state, ended):
     session = _member_of_generation_7()
     lost = []
-    session.on_peers_lost(lambda reason, live_from: lost.append(live_from))
+    session._on_peers_lost = lambda reason, live_from: lost.append(live_from)
     session._on_heartbeat(HeartbeatInfo(generation, state, 0, 0, True, 0))
     # Collectives of generation 7 are aborted, never those of the next one, numbered 8.
     assert session.wants_reform() == ended and lost == ([8] if ended else [])
@@ -250,9 +260,9 @@ def test_a_removed_node_whose_address_is_blocked_waits_the_block_out_to_come_bac
                 while probe.status()[0].state == Phase.ACTIVE and time.monotonic() < deadline:
                     time.sleep(0.05)
             session._resume_heartbeats()
-            while not session._removed_reason and time.monotonic() < deadline:
+            while session.phase is not WorkerPhase.REMOVED and time.monotonic() < deadline:
                 time.sleep(0.05)
-            session.reform()  # blocked for 1 s first
+            _reform(session)  # blocked for 1 s first
             assert "it waits to come back: address 127.0.0.1:20001" in caplog.text
             assert "and rejoined at generation" in caplog.text
         finally:
