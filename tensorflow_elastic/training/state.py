@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import pickle
 import time
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
@@ -21,6 +20,7 @@ import tensorflow as tf
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
+from tensorflow_elastic.training import plain_data
 
 # Values a commit can keep as they are: copying them would only cost time.
 _IMMUTABLE_TYPES = (int, float, bool, str, bytes, type(None))
@@ -68,7 +68,7 @@ def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class State:
-    """Python attributes (epoch, batch, anything picklable) with commit/restore/sync.
+    """Python attributes (epoch, batch: plain data, see plain_data.py) with commit/restore/sync.
 
     `snapshot_every` (keyword only, default 1) is the commit policy: every
     commit is a point where the membership may change, but only every
@@ -181,8 +181,9 @@ class State:
         Nothing local changes here, so a sync that fails half-way leaves the last
         commit intact.
         """
-        shared = self._bound().exchange("state", pickle.dumps((self._values, self._commits)))
-        states = {node_id: pickle.loads(blob) for node_id, blob in shared.items()}
+        mine = plain_data.encode({"values": self._values, "commits": self._commits})
+        states = {node_id: _state_message(blob)
+                  for node_id, blob in self._bound().exchange("state", mine).items()}
         commits = {node_id: count for node_id, (_, count) in states.items()}
         source = furthest_ahead(commits)
         return _Furthest(source, *states[source], receivers=needing_state(commits, source))
@@ -192,6 +193,28 @@ class State:
         # The commit count is the job's global step count.
         self._commits = furthest.commits
         self.save()
+
+
+def _state_message(blob: bytes) -> tuple[dict[str, Any], int]:
+    """A member's (values, commits) from the bytes it exchanged, checked."""
+    message = plain_data.decode(blob)
+    if (not isinstance(message, dict) or set(message) != {"values", "commits"}
+            or not isinstance(message["values"], dict) or type(message["commits"]) is not int
+            or message["commits"] < 0):
+        raise plain_data.NotPlainData("a member's exchanged state is not {values, commits}")
+    return message["values"], message["commits"]
+
+
+def _layout_message(blob: bytes) -> list[tuple[str, tuple, str]]:
+    """A member's state layout from the bytes it exchanged, checked."""
+    message = plain_data.decode(blob)
+    if not isinstance(message, list) or not all(
+            isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)
+            and isinstance(entry[1], tuple) and isinstance(entry[2], str)
+            and all(n is None or type(n) is int for n in entry[1]) for entry in message):
+        raise plain_data.NotPlainData("a member's exchanged layout is not a list of "
+                                      "(name, shape, dtype)")
+    return message
 
 
 def furthest_ahead(commits: dict[int, int]) -> int:
@@ -386,8 +409,8 @@ def _check_layouts(job: Job, variables: list[tf.Variable], source: int) -> None:
     and re-form without it. Without this check the sync's broadcast fails
     with a mismatch, and only where the differing node takes part.
     """
-    layouts = {node_id: pickle.loads(blob) for node_id, blob in
-               job.exchange("layout", pickle.dumps(_layout(variables))).items()}
+    layouts = {node_id: _layout_message(blob) for node_id, blob in
+               job.exchange("layout", plain_data.encode(_layout(variables))).items()}
     expected = layouts[source]
     differing = sorted(node_id for node_id, layout in layouts.items() if layout != expected)
     if not differing:

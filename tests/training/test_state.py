@@ -5,7 +5,6 @@ real workers. Here a stand-in job (what the runtime hands a State) plays the
 members a sync gathers.
 """
 
-import pickle
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import tensorflow_elastic as tfe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
+from tensorflow_elastic.training import plain_data
 from tensorflow_elastic.training.state import furthest_ahead, needing_state
 
 
@@ -108,6 +108,11 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
+def _state(values, commits):
+    """What a member exchanges at a sync: its Python values and commits."""
+    return plain_data.encode({"values": values, "commits": commits})
+
+
 class _Job:
     """What a State is handed in place of the runtime (training.state.Job): node 1 of
     generation 2, alone unless `exchange` says otherwise; a commit never changes the
@@ -138,13 +143,13 @@ def _members_ahead(state, broadcast, events_file=None, layouts=None):
     source, receivers)` stands in for the collectives that give the variables node 0's values.
     `layouts` (node -> layout) replaces the members' state layouts (default: all equal to node
     1's)."""
-    ahead = pickle.dumps(({"step": 7}, 7))
+    ahead = _state({"step": 7}, 7)
 
     def exchange(topic, blob):
         if topic != "layout":
             return {0: ahead, 1: blob}
         shared = {0: blob, 1: blob}
-        shared.update({node: pickle.dumps(layout) for node, layout in (layouts or {}).items()})
+        shared.update({node: plain_data.encode(layout) for node, layout in (layouts or {}).items()})
         return shared
 
     state.bind(_Job(exchange, broadcast, events_file))
@@ -267,7 +272,7 @@ def test_members_that_never_committed_take_the_chiefs_variables():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
     broadcasts = _recording_broadcasts(state, lambda topic, blob: {
-                                  0: blob if topic == "layout" else pickle.dumps(({"step": 0}, 0)),
+                                  0: blob if topic == "layout" else _state({"step": 0}, 0),
                                   1: blob}, generation=1)
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ. At the
@@ -280,9 +285,9 @@ def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync():
     state = tfe.TensorFlowState([weights], step=0)
     state.step = 7
     object.__setattr__(state, "_commits", 7)
-    newcomer = pickle.dumps(({"step": 0}, 0))
+    newcomer = _state({"step": 0}, 0)
     broadcasts = _recording_broadcasts(state, lambda topic, blob: {
-                                  0: blob if topic == "layout" else pickle.dumps(({"step": 7}, 7)),
+                                  0: blob if topic == "layout" else _state({"step": 7}, 7),
                                   1: blob, 2: blob if topic == "layout" else newcomer}, generation=3)
     state.sync()
     # Node 0 sends to node 2 only; node 1 holds the same commit already.
