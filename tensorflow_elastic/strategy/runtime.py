@@ -132,7 +132,7 @@ class ElasticRuntime:
         self.session.check_job_alive()
         logger.info("collective failed (%s); re-forming", type(error).__name__)
         self._note_change(type(error).__name__, lost_steps)
-        self._report_failure(error)
+        self.report_failure(error)
         state.restore()
         self.session.events.record(events.STATE_RESTORED, node=self.node_id,
                                    generation=self.generation, step=state.commits,
@@ -202,7 +202,7 @@ class ElasticRuntime:
             self._change = _Change(time.monotonic(), frozenset(self.membership.members))
         self._change = self._change.after_failure(cause, lost_steps)
 
-    def _report_failure(self, error: BaseException) -> None:
+    def report_failure(self, error: BaseException) -> None:
         """Tells the orchestrator which peers this process cannot reach after `error`.
 
         When the orchestrator has already started a newer generation it knows

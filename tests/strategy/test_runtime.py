@@ -186,7 +186,7 @@ def test_no_probe_when_the_orchestrator_already_moved_on(job, monkeypatch):
 
     monkeypatch.setattr(cluster, "unreachable_peers", probe)
     job._interrupts.peers_lost("membership changed", 4)
-    job._report_failure(RuntimeError("collective aborted"))
+    job.report_failure(RuntimeError("collective aborted"))
     assert reported == [[]]
 
 
