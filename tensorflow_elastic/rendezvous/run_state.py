@@ -49,7 +49,8 @@ class JoinStep(enum.Enum):
     GROW = "grow"
     # A registered node asks to join for the first time: it waits for the next generation.
     ENQUEUE = "enqueue"
-    # Nothing to change: the node already waits (or is removed); the join waits for its answer.
+    # Nothing to change (the node waits already, joins again from an older generation, or was
+    # removed): the join waits for its answer.
     WAIT = "wait"
 
 
@@ -114,7 +115,7 @@ class RunState:
     # Removed nodes whose process may still be alive (it went silent, it was cut off, it hung),
     # by id -> address: such a node comes back with its id; see :meth:`take_back`.
     returnable: dict[int, str] = dataclasses.field(default_factory=dict)
-    # Members of recent generations, oldest first.
+    # Members of recent generations (the last PAST_GENERATIONS), oldest first.
     past: collections.OrderedDict[int, frozenset[int]] = dataclasses.field(
         default_factory=collections.OrderedDict)
     # When a run below min_nodes fails unless nodes come back (time.monotonic()).
