@@ -1,7 +1,8 @@
 """The orchestrator of elastic runs and its client.
 
-Server side: server (gRPC) -> service (checks requests) -> run (the generation state machine),
-which keeps run_state (saved via store), gathers, liveness and blocklist; client.py calls it.
+Server side: server (gRPC) -> service (checks requests) -> run (the generation state machine:
+calls, waits, timers; refusals says why it refuses a call), which keeps run_state (the state's
+pure transitions; saved via store), gathers, liveness and blocklist; client.py calls it.
 A worker's side of membership (its session, phase and watchdog) lives in membership/.
 
 >>> from tensorflow_elastic.rendezvous import Client, Orchestrator

@@ -1,10 +1,12 @@
 """The generation state machine of one run.
 
 All state of a run lives on the orchestrator's event loop, so no locks are
-needed: a method runs to its first ``await`` without interruption. Waiting
-calls (joins, barriers, watches) sleep on events that are set when the state
-they wait for changes, never by polling. Every transition ends in
-:meth:`Run._commit`, which saves the state and wakes whoever waits on it.
+needed: a method runs to its first ``await`` without interruption. The state's
+own transitions (run_state.py) change it and say what to do next; the checks
+that refuse a call are in refusals.py. Waiting calls (joins, barriers, watches)
+sleep on events that are set when the state they wait for changes, never by
+polling. Every transition ends in :meth:`Run._commit`, which saves the state and
+wakes whoever waits on it.
 
 Phases: FORMING (no generation: gathering min_nodes), ACTIVE (generation G
 runs), and the two ends: COMPLETED (every node left) and FAILED. The next first
@@ -31,18 +33,15 @@ from typing import Any, AsyncIterator, Protocol
 
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import reachable
-from tensorflow_elastic.rendezvous.errors import (
-    GenerationChangedError, InvalidArgumentError, LimitReachedError, NodeRemovedError,
-    RendezvousError, RendezvousTimeoutError, RunFailedError, NODE_REMOVED_MAY_RETURN, NOT_MEMBER, RUN_MISMATCH,
-    UNKNOWN_NODE)
+from tensorflow_elastic.rendezvous import refusals
+from tensorflow_elastic.rendezvous.errors import RendezvousTimeoutError
 from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
-from tensorflow_elastic.rendezvous.run_state import Node, RunState, encode
+from tensorflow_elastic.rendezvous.run_state import (
+    AfterRemoval, Forming, JoinStep, Node, RunState, encode)
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
-
-_PAST_GENERATIONS = 32
 
 
 class RunObserver(Protocol):
@@ -140,7 +139,7 @@ class Run:
         return Membership(node_id, self._state.generation, members, min(members, default=-1))
 
     def update(self) -> MembershipUpdate:
-        return MembershipUpdate(self.membership(), self._state.phase, self._admissible(),
+        return MembershipUpdate(self.membership(), self._state.phase, self._state.admissible(),
                                 self._state.reason)
 
     def start_afresh_if_ended(self, min_nodes: int, max_nodes: int) -> None:
@@ -154,12 +153,8 @@ class Run:
         state = self._state
         if not state.phase.ended:
             return
-        ended = f"run {state.run_id!r} {state.phase.lower()} ({state.reason})"
-        for node_id in list(state.nodes):
-            state.remove_node(node_id, f"{ended}; a new job started it afresh")
+        for node_id in state.start_afresh(min_nodes, max_nodes, self._settings):
             self._liveness.forget(node_id)
-        state.start_afresh(min_nodes, max_nodes, self._settings)
-        state.reason = f"a new job started it afresh after: {ended}"
         self._unacked = None
         self._last_call_at = None
         self._forming_since = time.monotonic()
@@ -168,41 +163,31 @@ class Run:
         self._start_timer()
 
     def check_config(self, min_nodes: int, max_nodes: int) -> None:
-        state = self._state
-        if (min_nodes, max_nodes) != (state.min_nodes, state.max_nodes):
-            raise RendezvousError(
-                f"run {state.run_id!r} was started with min_nodes={state.min_nodes} "
-                f"max_nodes={state.max_nodes} but this node asks for {min_nodes}:{max_nodes}; "
-                f"start every launcher with the same --nnodes and --nproc_per_node, or the same "
-                f"--nworkers", reason=RUN_MISMATCH)
+        refusals.check_config(self._state, min_nodes, max_nodes)
 
     # ------------------------------------------------------------------ calls
 
     async def join(self, address: str, node_id: int | None, last_generation: int, nonce: str,
                    timeout: float) -> Membership:
         """Returns once the node is a member of a generation newer than ``last_generation``."""
-        self._check_not_failed()
         state = self._state
-        check_last_generation(last_generation, state.generation)
+        refusals.check_not_failed(state)
+        refusals.check_last_generation(last_generation, state.generation)
         removal = ""
         if node_id is None:
             node = await self._admit_new(address, nonce)
         else:
-            removal = self._removal(node_id) if state.was_removed(node_id) else ""
+            removal = refusals.removal(state, node_id) if state.was_removed(node_id) else ""
             taken_back = self._take_back(node_id, address, nonce)
             if taken_back is None:
                 removal = ""
-            node = taken_back or self._known_node(node_id)
-            if node.address != address:
-                raise RendezvousError(
-                    f"node {node_id} joined with address {node.address}, not {address}; a node "
-                    f"keeps its address: join without a node id to join as a new node",
-                    reason=UNKNOWN_NODE)
-            if self._is_active_member(node_id) and last_generation == state.generation:
-                self._form(list(state.members) + self._admissible_ids(),
+            node = taken_back or refusals.known_node(state, node_id)
+            refusals.check_same_address(node, address)
+            step = state.join_step(node_id, last_generation)
+            if step is JoinStep.GROW:
+                self._form(state.next_members(),
                            f"node {node_id} re-joined generation {state.generation}")
-            elif (node_id not in state.members and node_id not in state.waiting
-                  and not state.was_removed(node_id)):
+            elif step is JoinStep.ENQUEUE:
                 self._enqueue(node)
         membership = await self._wait_for_generation(node, last_generation, timeout)
         return dataclasses.replace(membership, taken_back_after=removal)
@@ -224,23 +209,18 @@ class Run:
 
     async def register(self, address: str, nonce: str) -> int:
         """Gives a node its permanent id without queueing it; it joins later with that id."""
-        self._check_not_failed()
+        refusals.check_not_failed(self._state)
         return (await self._admit_new(address, nonce, enqueue=False)).node_id
 
     def heartbeat(self, node_id: int, generation: int) -> HeartbeatInfo:
-        self._check_not_failed()
-        self._known_node(node_id)
         state = self._state
-        if generation > state.generation:
-            raise InvalidArgumentError(
-                f"generation {generation} does not exist yet (the current generation is "
-                f"{state.generation}); send the generation your last join returned")
+        refusals.check_heartbeat(state, node_id, generation)
         self._liveness.touch(node_id, time.monotonic())
-        member = self._is_active_member(node_id)
+        member = state.is_active_member(node_id)
         if member and generation == state.generation:
             self._ack(node_id)
         return HeartbeatInfo(generation=state.generation, state=state.phase,
-                             waiting=self._admissible(), removed=self._removed_since(generation),
+                             waiting=state.admissible(), removed=state.removed_since(generation),
                              member=member, queued=len(state.waiting))
 
     async def watch(self, node_id: int | None = None) -> AsyncIterator[MembershipUpdate]:
@@ -265,7 +245,7 @@ class Run:
                 await wake.wait()
         finally:
             if node_id is not None and self._watch_loss.closed(
-                    node_id, time.monotonic(), self._is_active_member(node_id)):
+                    node_id, time.monotonic(), self._state.is_active_member(node_id)):
                 self._timer_wake.set()
 
     async def report_failure(self, node_id: int, generation: int, peers: list[int],
@@ -283,18 +263,8 @@ class Run:
         """
         if peers == [node_id]:
             return await self._remove_dead(node_id, reason)
-        if node_id in peers:
-            raise InvalidArgumentError(
-                f"node {node_id} reported itself among other peers; report its death alone")
+        peers = refusals.peers_to_probe(self._state, node_id, generation, peers)
         members = self._state.members
-        if self._is_current_member(node_id, generation):
-            for peer in peers:
-                if peer not in members:
-                    raise InvalidArgumentError(
-                        f"peer {peer} is not a member of generation {generation} (members: "
-                        f"{sorted(members)}); report only peers of your generation")
-        else:
-            peers = [peer for peer in peers if peer in members]
         self._liveness.touch(node_id, time.monotonic())
         verdicts = await asyncio.gather(*(self._is_dead(peer, members[peer]) for peer in peers))
         dead = [peer for peer, is_dead in zip(peers, verdicts) if is_dead]
@@ -310,20 +280,18 @@ class Run:
     async def gather(self, kind: str, name: str, node_id: int, generation: int, value: bytes,
                      timeout: float) -> dict[int, bytes]:
         """Barrier and exchange: returns every member's value once all have put theirs."""
-        self._check_member(node_id, generation)
+        state = self._state
+        refusals.check_member(state, node_id, generation)
         self._liveness.touch(node_id, time.monotonic())
         self._ack(node_id)
         key = f"{kind}/{name}"
         deadline = time.monotonic() + timeout
-        gathers = self._state.gathers
-        if not gathers.holds(key) and len(gathers) >= self._settings.max_gathers:
-            raise LimitReachedError(
-                f"generation {generation} already holds {len(gathers)} barriers and exchanges "
-                f"(--max_gathers); a new generation starts with none")
-        if gathers.put(key, node_id, value, self._state.members.keys()):
+        refusals.check_gather_room(state, key, generation, self._settings.max_gathers)
+        gathers = state.gathers
+        if gathers.put(key, node_id, value, state.members.keys()):
             gathers.saved_as(key, self._save())
         while (values := gathers.result(key)) is None:
-            self._check_member(node_id, generation, waiting_for=f"{kind} {name!r}")
+            refusals.check_member(state, node_id, generation, waiting_for=f"{kind} {name!r}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._remove_missing(kind, name, generation, timeout)
@@ -332,7 +300,7 @@ class Run:
         # Everyone answers only after the result is durable: after a restart, a member
         # that retries finds it instead of waiting for members that already moved on.
         await self._committer.wait(gathers.save_ticket(key))
-        self._check_member(node_id, generation)
+        refusals.check_member(state, node_id, generation)
         return dict(values)
 
     def _remove_missing(self, kind: str, name: str, generation: int, timeout: float) -> None:
@@ -341,20 +309,15 @@ class Run:
 
         They may come back: a member that recovers joins again like a newcomer.
         """
-        key = f"{kind}/{name}"
-        members = self._state.members
-        missing = self._state.gathers.missing(key, members.keys())
-        if not missing:
-            raise RendezvousTimeoutError(f"{kind} {name!r} of generation {generation} timed out "
-                                         f"after {timeout:g} s with every member in it")
+        missing = refusals.missing_from_gather(self._state, kind, name, generation, timeout)
         cause = (f"it did not reach {kind} {name!r} of generation {generation} within "
                  f"{timeout:g} s while the others waited (hung, or far too slow)")
         self._remove(missing, cause, failed=True, may_return=True)
 
     async def _remove_dead(self, node_id: int, reason: str) -> tuple[list[int], list[int]]:
         if not self._state.was_removed(node_id):
-            self._check_not_failed()
-            self._known_node(node_id)
+            refusals.check_not_failed(self._state)
+            refusals.known_node(self._state, node_id)
             await self._committer.wait(self._remove(
                 [node_id], f"its process died: {reason or 'reported by its agent'}", failed=True))
         return [node_id], []
@@ -362,8 +325,8 @@ class Run:
     async def leave(self, node_id: int, reason: str) -> None:
         if self._state.was_removed(node_id):
             return
-        self._check_not_failed()
-        self._known_node(node_id)
+        refusals.check_not_failed(self._state)
+        refusals.known_node(self._state, node_id)
         await self._committer.wait(
             self._remove([node_id], f"left: {reason or 'no reason given'}", failed=False))
 
@@ -379,8 +342,7 @@ class Run:
         # Standby nodes (an id, not yet asking to join): their agents find their ids here too.
         nodes += [NodeStatus(node_id, state.nodes[node_id].address, "registered",
                              self._liveness.silent_for(node_id, now))
-                  for node_id in sorted(state.nodes.keys() - state.members.keys()
-                                        - state.waiting.keys())]
+                  for node_id in sorted(state.registered())]
         return RunStatus(state.run_id, state.min_nodes, state.max_nodes, state.phase,
                          state.reason, self.membership(), nodes, list(state.history),
                          state.blocklist.blocked())
@@ -398,17 +360,12 @@ class Run:
         state = self._state
         known = state.nonces.get(nonce) if nonce else None
         if known is not None:
-            node = self._known_node(known)
-            if node.address != address:
-                raise InvalidArgumentError(
-                    f"nonce {nonce!r} was sent by {node.address}, not {address}; a nonce "
-                    f"names one node's join attempt: send a new random nonce per join")
+            node = refusals.known_node(state, known)
+            refusals.check_nonce_address(node, nonce, address)
             ticket = self._committer.last_ticket
         else:
             state.blocklist.check(address)
-            node = Node(state.next_id, address, nonce)
-            state.next_id += 1
-            state.add_node(node)
+            node = state.register(address, nonce)
             self._liveness.touch(node.node_id, time.monotonic())
             if enqueue:
                 self._enqueue(node)
@@ -417,170 +374,64 @@ class Run:
                           f"registered, address {address}", address=address)
             ticket = self._save()
         await self._committer.wait(ticket)
-        self._check_not_failed()
+        refusals.check_not_failed(state)
         return node
 
     def _enqueue(self, node: Node, detail: str = "") -> None:
         """Puts a node in the waiting queue: the next generation admits it."""
-        self._state.waiting[node.node_id] = node
+        self._state.enqueue(node)
         self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                   detail or f"waiting, address {node.address}", address=node.address)
         self._maybe_form()
         self._commit(wakes_joins=False)
 
     async def _wait_for_generation(self, node: Node, after: int, timeout: float) -> Membership:
+        state = self._state
         deadline = time.monotonic() + timeout
         self._liveness.hold(node.node_id)
         try:
             while True:
-                self._check_not_failed()
-                if self._state.was_removed(node.node_id):
-                    raise self._removed_error(node.node_id)
-                if self._is_active_member(node.node_id) and self._state.generation > after:
+                refusals.check_not_failed(state)
+                if state.was_removed(node.node_id):
+                    raise refusals.removed_error(state, node.node_id)
+                if state.is_active_member(node.node_id) and state.generation > after:
                     await self._committer.wait(self._formed_ticket)
-                    if self._is_active_member(node.node_id):
+                    if state.is_active_member(node.node_id):
                         break
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise RendezvousTimeoutError(self._join_timeout_message(node, timeout))
+                    raise RendezvousTimeoutError(
+                        refusals.join_timeout_message(state, node, timeout))
                 await _wait(self._join_wake, remaining)
         finally:
             self._liveness.release(node.node_id, time.monotonic())
-            if node.node_id not in self._state.nodes:
+            if node.node_id not in state.nodes:
                 self._liveness.forget(node.node_id)
         self._ack(node.node_id)
         return self.membership(node.node_id)
-
-    def _join_timeout_message(self, node: Node, timeout: float) -> str:
-        state = self._state
-        if state.phase == Phase.FORMING and state.generation == 0:
-            return (f"no generation formed within {timeout:g} s: {len(state.waiting)} node(s) "
-                    f"joined, min_nodes={state.min_nodes}; start more nodes or lower min_nodes")
-        if state.phase == Phase.FORMING:
-            return (f"run {state.run_id!r} is below min_nodes ({len(state.waiting)} of "
-                    f"{state.min_nodes}) and no generation formed within {timeout:g} s; start "
-                    f"more nodes (the run fails after --below_min_timeout)")
-        return (f"node {node.node_id} is waiting to be admitted: generation {state.generation} "
-                f"has {len(state.members)} of max_nodes={state.max_nodes} members and has not "
-                f"re-formed within {timeout:g} s. Waiting nodes are admitted when a member "
-                f"leaves or fails, or when the members re-join to grow; join again to keep "
-                f"waiting")
-
-    def _check_not_failed(self) -> None:
-        if self._state.phase == Phase.FAILED:
-            raise RunFailedError(f"run {self._state.run_id!r} failed: {self._state.reason}")
-
-    def _known_node(self, node_id: int) -> Node:
-        if self._state.was_removed(node_id):
-            raise self._removed_error(node_id)
-        node = self._state.nodes.get(node_id)
-        if node is None:
-            raise RendezvousError(
-                f"node id {node_id} was never given out in run {self._state.run_id!r}; join "
-                f"without a node id to get one", reason=UNKNOWN_NODE)
-        return node
-
-    def _removal(self, node_id: int) -> str:
-        state = self._state
-        return (f"node {node_id} was removed from run {state.run_id!r} "
-                f"({state.removal_cause(node_id)})")
-
-    def _removed_error(self, node_id: int) -> NodeRemovedError:
-        state = self._state
-        removed = self._removal(node_id)
-        if node_id in state.returnable:
-            return NodeRemovedError(f"{removed}; its process may still be alive: join again with "
-                                    f"its id from its address to come back",
-                                    reason=NODE_REMOVED_MAY_RETURN)
-        return NodeRemovedError(f"{removed}; node ids are never reused: join without a node id "
-                                f"to come back as a new node")
-
-    def _is_active_member(self, node_id: int) -> bool:
-        """Whether the node is a member of a generation that is running now."""
-        return self._state.phase == Phase.ACTIVE and node_id in self._state.members
-
-    def _check_member(self, node_id: int, generation: int, waiting_for: str = "") -> None:
-        """Raises unless the node is a member of the current generation ``generation``."""
-        self._check_not_failed()
-        self._known_node(node_id)
-        state = self._state
-        during = f" while waiting for {waiting_for}" if waiting_for else ""
-        if generation > state.generation:
-            raise InvalidArgumentError(
-                f"generation {generation} does not exist yet (the current generation is "
-                f"{state.generation}); use the generation your last join returned")
-        if generation < state.generation or state.phase != Phase.ACTIVE:
-            raise GenerationChangedError(
-                f"generation {generation} has ended{during} (the run is now "
-                f"{state.phase.lower()} at generation {state.generation}): join again with "
-                f"last_generation={generation} to get the new membership")
-        if node_id not in state.members:
-            raise RendezvousError(
-                f"node {node_id} is not a member of generation {generation}; it is waiting to "
-                f"be admitted: join to wait for the next generation", reason=NOT_MEMBER)
-
-    def _is_current_member(self, node_id: int, generation: int) -> bool:
-        """Whether a known node speaks from the current generation (False: from an ended one)."""
-        if generation < self._state.generation or self._state.phase != Phase.ACTIVE:
-            self._check_not_failed()
-            self._known_node(node_id)
-            return False
-        self._check_member(node_id, generation)
-        return True
-
-    def _admissible_ids(self) -> list[int]:
-        """Waiting nodes the next re-form admits: lowest ids first, up to max_nodes."""
-        slots = self._state.max_nodes - len(self._state.members)
-        return sorted(self._state.waiting)[:max(0, slots)]
-
-    def _admissible(self) -> int:
-        state = self._state
-        return max(0, min(len(state.waiting), state.max_nodes - len(state.members)))
-
-    def _removed_since(self, generation: int) -> int:
-        state = self._state
-        past = state.past.get(generation)
-        if past is None or generation == state.generation and state.phase == Phase.ACTIVE:
-            return 0
-        return len(past - state.members.keys())
 
     # -------------------------------------------------------------- transitions
 
     def _maybe_form(self) -> None:
         """Forms the first generation (or the next one after falling below min_nodes)."""
         state = self._state
-        if state.phase != Phase.FORMING:
-            return
-        now = time.monotonic()
-        count = len(state.waiting)
-        if count >= state.max_nodes:
-            self._form(sorted(state.waiting)[:state.max_nodes],
-                       f"max_nodes={state.max_nodes} joined")
-        elif count < state.min_nodes:
+        forming = state.forming()
+        if forming is Forming.FULL:
+            self._form(state.next_members(), f"max_nodes={state.max_nodes} joined")
+        elif forming is Forming.TOO_FEW:
             self._last_call_at = None
-        else:
+        elif forming is Forming.ENOUGH:
+            now = time.monotonic()
             if self._last_call_at is None:
                 self._last_call_at = now + self._settings.last_call
                 self._timer_wake.set()
             if now >= self._last_call_at:
-                self._form(sorted(state.waiting), "the last call ended")
+                self._form(state.next_members(), "the last call ended")
 
     def _form(self, ids: list[int], cause: str) -> None:
-        ids = sorted(ids)
-        state = self._state
-        state.generation += 1
-        state.phase = Phase.ACTIVE
-        state.reason = cause
-        state.members = {node_id: state.nodes[node_id].address for node_id in ids}
-        for node_id in ids:
-            state.waiting.pop(node_id, None)
+        ids = self._state.form(ids, cause)
         self._last_call_at = None
-        state.below_min_at = None
-        state.gathers.end()
-        state.past[state.generation] = frozenset(ids)
-        while len(state.past) > _PAST_GENERATIONS:
-            state.past.popitem(last=False)
         self._unacked = set(ids)
         self._log(ev.GENERATION_START, None, ids, cause, members=ids, world_size=len(ids))
         self._formed_ticket = self._commit(wakes_joins=True)
@@ -607,68 +458,44 @@ class Run:
         ``may_return``: they were only silent or unreachable, so their processes may come back.
         """
         state = self._state
-        lost = []
-        for node_id in ids:
-            node = state.remove_node(node_id, cause, may_return)
-            if node is None:
-                continue
+        removal = state.remove(ids, cause, failed, may_return)
+        for node_id in removal.removed:
             self._liveness.forget(node_id)
-            if node_id in state.members:
-                lost.append(node_id)
-                if failed:
-                    state.blocklist.record_failure(node.address)
             self._log(ev.NODE_LEFT, node_id, [node_id], cause, reason=cause)
+        lost = removal.lost
         if failed and lost:
             self._log(ev.FAILURE_DETECTED, None, lost, cause, failed=lost, cause=cause)
-        if not state.nodes and not failed:
+        if removal.next is AfterRemoval.COMPLETE:
             self._complete(ids, cause)
-        elif lost and state.phase == Phase.ACTIVE:
-            self._forming_since = time.monotonic()
-            survivors = [m for m in state.members if m not in lost]
-            state.members = {m: state.members[m] for m in survivors}
-            if len(survivors) + len(state.waiting) >= state.min_nodes:
-                self._form(survivors + self._admissible_ids(), f"lost {lost}: {cause}")
-            else:
-                self._fall_below_min(survivors, lost, cause)
-        else:
+        elif removal.next is AfterRemoval.MAYBE_FORM:
             self._maybe_form()
+        else:
+            self._forming_since = time.monotonic()
+            if removal.next is AfterRemoval.RE_FORM:
+                self._form(state.next_members(lost), f"lost {lost}: {cause}")
+            else:
+                self._fall_below_min(lost, cause)
         return self._commit(wakes_joins=True)
 
-    def _fall_below_min(self, survivors: list[int], lost: list[int], cause: str) -> None:
+    def _fall_below_min(self, lost: list[int], cause: str) -> None:
         state = self._state
-        state.phase = Phase.FORMING
-        state.members = {}
-        for node_id in survivors:
-            state.waiting[node_id] = state.nodes[node_id]
-        state.below_min_at = time.monotonic() + self._settings.below_min_timeout
-        state.reason = (f"lost {lost} ({cause}); {len(state.waiting)} of min_nodes="
-                        f"{state.min_nodes} remain")
+        fail_at = time.monotonic() + self._settings.below_min_timeout
+        survivors = state.fall_below_min(lost, cause, fail_at)
         self._note("below_min", None, survivors, state.reason)
-        state.gathers.end()
         self._timer_wake.set()
 
     def _complete(self, last: list[int], cause: str) -> None:
-        """Ends the run when its last node left of its own accord: the job is done.
-
-        Not a failure, and not below min_nodes either: nobody is expected back.
-        """
-        state = self._state
-        state.phase = Phase.COMPLETED
-        state.reason = f"completed: every node left (the last: {last}, {cause})"
-        state.members = {}
-        state.below_min_at = None
-        state.gathers.end()
+        """Ends the run when its last node left of its own accord (see RunState.complete)."""
+        self._state.complete(last, cause)
         self._last_call_at = None
         self._unacked = None
-        self._note("run_completed", None, last, state.reason)
+        self._note("run_completed", None, last, self._state.reason)
 
     def _fail(self, reason: str) -> None:
         state = self._state
-        state.phase = Phase.FAILED
-        state.reason = reason
+        state.fail(reason)
         self._log(ev.FAILURE_DETECTED, None, sorted(state.waiting), reason, failed=[],
                   cause=reason, fatal=True)
-        state.gathers.end()
         self._commit(wakes_joins=True)
 
     def _commit(self, wakes_joins: bool) -> int:
@@ -710,10 +537,7 @@ class Run:
 
     def _note(self, event: str, node: int | None, nodes: list[int], detail: str) -> None:
         """Records a change in the run's history only."""
-        self._state.history.append({"time": time.time(), "event": event,
-                                    "generation": self._state.generation,
-                                    "nodes": nodes if node is None else [node],
-                                    "detail": detail})
+        self._state.note(event, nodes if node is None else [node], detail, time.time())
 
     # -------------------------------------------------------------- timers
 
@@ -750,22 +574,12 @@ class Run:
             if gone:
                 self._remove(gone, f"its connection closed and it sent nothing for "
                              f"{settings.watch_loss_grace:g} s", failed=True, may_return=True)
-        below_min_at = self._state.below_min_at
-        if self._state.phase == Phase.FORMING and below_min_at is not None and now >= below_min_at:
+        if self._state.below_min_expired(now):
             self._fail(f"{self._state.reason}, and not enough nodes came back within "
                        f"{settings.below_min_timeout:g} s (--below_min_timeout); restart "
                        f"the job with enough nodes")
         elif self._last_call_at is not None and now >= self._last_call_at:
             self._maybe_form()
-
-
-def check_last_generation(last_generation: int, generation: int) -> None:
-    """Refuses a join from a generation the run has not reached (for a run that does not exist
-    yet, ``generation`` is 0: checked before the join creates it)."""
-    if last_generation > generation:
-        raise InvalidArgumentError(
-            f"last_generation={last_generation} does not exist yet (the current generation "
-            f"is {generation}); pass the generation your last join returned")
 
 
 def _woken(event: asyncio.Event) -> asyncio.Event:

@@ -1,4 +1,9 @@
-"""What a run must not lose when the orchestrator restarts, and the snapshot it is saved as.
+"""What a run must not lose when the orchestrator restarts, its transitions, and the snapshot
+it is saved as.
+
+A transition is a :class:`RunState` method that changes the state's fields and returns what
+changed, or the step the run takes next: no I/O, no timers, no locks, so the run
+(run.py) decides by calling it and does the rest (events, saves, wake-ups, deadlines).
 
 The store writes the snapshot after every membership change; a restarted
 orchestrator decodes it and the run goes on. Heartbeats are not in it: every
@@ -11,8 +16,9 @@ from __future__ import annotations
 import base64
 import collections
 import dataclasses
+import enum
 import time
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
 from tensorflow_elastic.rendezvous.gathers import Gathers
@@ -23,6 +29,8 @@ from tensorflow_elastic.rendezvous.types import Phase
 SNAPSHOT_FORMAT = 1
 # Removal causes kept per run, the latest ones; an older removed id is still known as removed.
 MAX_REMOVED_KEPT = 1000
+# Generations whose members are kept (see RunState.past).
+PAST_GENERATIONS = 32
 
 
 @dataclasses.dataclass
@@ -31,6 +39,52 @@ class Node:
     address: str
     # Sent with the node's first join, so a retried join finds the node again.
     nonce: str = ""
+
+
+class JoinStep(enum.Enum):
+    """What a join with a known node id does to the run."""
+
+    # A member re-joined the generation it runs: the members agreed (at a commit boundary) to
+    # end it, so the next one forms at once and admits the waiting nodes.
+    GROW = "grow"
+    # A registered node asks to join for the first time: it waits for the next generation.
+    ENQUEUE = "enqueue"
+    # Nothing to change (the node waits already, joins again from an older generation, or was
+    # removed): the join waits for its answer.
+    WAIT = "wait"
+
+
+class Forming(enum.Enum):
+    """Where a forming run stands on its way to a generation."""
+
+    # max_nodes are waiting: the generation forms at once.
+    FULL = "full"
+    # min_nodes are waiting: the generation forms when the last call ends.
+    ENOUGH = "enough"
+    # Fewer than min_nodes are waiting: no last call runs.
+    TOO_FEW = "too_few"
+
+
+class AfterRemoval(enum.Enum):
+    """What the run does once nodes were removed."""
+
+    # Every node left of its own accord: the job is done.
+    COMPLETE = "complete"
+    # Members were lost and enough nodes remain: the next generation forms at once.
+    RE_FORM = "re_form"
+    # Members were lost and fewer than min_nodes remain: the run waits for nodes to come back.
+    FALL_BELOW_MIN = "fall_below_min"
+    # No member was lost: a forming run may form now that fewer nodes wait.
+    MAYBE_FORM = "maybe_form"
+
+
+@dataclasses.dataclass(frozen=True)
+class Removal:
+    """What :meth:`RunState.remove` changed, and what the run does next."""
+
+    removed: list[int]  # the ids it removed (those it knew), in the order asked
+    lost: list[int]  # the members among them
+    next: AfterRemoval
 
 
 @dataclasses.dataclass
@@ -61,7 +115,7 @@ class RunState:
     # Removed nodes whose process may still be alive (it went silent, it was cut off, it hung),
     # by id -> address: such a node comes back with its id; see :meth:`take_back`.
     returnable: dict[int, str] = dataclasses.field(default_factory=dict)
-    # Members of recent generations, oldest first.
+    # Members of recent generations (the last PAST_GENERATIONS), oldest first.
     past: collections.OrderedDict[int, frozenset[int]] = dataclasses.field(
         default_factory=collections.OrderedDict)
     # When a run below min_nodes fails unless nodes come back (time.monotonic()).
@@ -72,24 +126,112 @@ class RunState:
         return cls(run_id, min_nodes, max_nodes, _new_blocklist(settings),
                    collections.deque(maxlen=settings.history_size))
 
-    def start_afresh(self, min_nodes: int, max_nodes: int, settings: RunSettings) -> None:
-        """Makes an ended run (its nodes removed) the next job with the same run id.
+    # ------------------------------------------------------------------ queries
 
-        Ids and generations keep counting and the history goes on, so nothing of
-        the ended job is reused and its ids still name what they named.
-        """
-        self.min_nodes, self.max_nodes = min_nodes, max_nodes
-        self.blocklist = _new_blocklist(settings)
-        self.gathers = Gathers()
-        self.phase = Phase.FORMING
-        self.members = {}
-        self.returnable = {}
-        self.below_min_at = None
+    def was_removed(self, node_id: int) -> bool:
+        """Whether the id was given out and its node removed (ids are never reused)."""
+        return node_id not in self.nodes and 0 <= node_id < self.next_id
+
+    def removal_cause(self, node_id: int) -> str:
+        return self.removed.get(node_id, f"the cause is no longer kept: only the last "
+                                         f"{MAX_REMOVED_KEPT} removals are")
+
+    def is_active_member(self, node_id: int) -> bool:
+        """Whether the node is a member of a generation that is running now."""
+        return self.phase == Phase.ACTIVE and node_id in self.members
+
+    def registered(self) -> set[int]:
+        """Nodes that have an id but neither are members nor wait (standby nodes)."""
+        return self.nodes.keys() - self.members.keys() - self.waiting.keys()
+
+    def admissible(self) -> int:
+        """How many waiting nodes the next re-form admits."""
+        return max(0, min(len(self.waiting), self.max_nodes - len(self.members)))
+
+    def next_members(self, lost: Collection[int] = ()) -> list[int]:
+        """The members of the next generation: the current ones but ``lost``, then the waiting
+        nodes it admits, lowest ids first, up to max_nodes."""
+        survivors = [node_id for node_id in self.members if node_id not in lost]
+        slots = self.max_nodes - len(survivors)
+        return survivors + sorted(self.waiting)[:max(0, slots)]
+
+    def removed_since(self, generation: int) -> int:
+        """How many members of ``generation`` are no longer members (0 while it runs)."""
+        past = self.past.get(generation)
+        if past is None or generation == self.generation and self.phase == Phase.ACTIVE:
+            return 0
+        return len(past - self.members.keys())
+
+    def forming(self) -> Forming | None:
+        """Where a forming run stands; None when it is not forming."""
+        if self.phase != Phase.FORMING:
+            return None
+        if len(self.waiting) >= self.max_nodes:
+            return Forming.FULL
+        return Forming.TOO_FEW if len(self.waiting) < self.min_nodes else Forming.ENOUGH
+
+    def join_step(self, node_id: int, last_generation: int) -> JoinStep:
+        """What a join of the known node ``node_id``, last in ``last_generation``, does."""
+        if self.is_active_member(node_id) and last_generation == self.generation:
+            return JoinStep.GROW
+        if (node_id not in self.members and node_id not in self.waiting
+                and not self.was_removed(node_id)):
+            return JoinStep.ENQUEUE
+        return JoinStep.WAIT
+
+    def below_min_expired(self, now: float) -> bool:
+        """Whether a run below min_nodes waited past its deadline (``now``: time.monotonic())."""
+        return (self.phase == Phase.FORMING and self.below_min_at is not None
+                and now >= self.below_min_at)
+
+    # -------------------------------------------------------------- transitions
 
     def add_node(self, node: Node) -> None:
         self.nodes[node.node_id] = node
         if node.nonce:
             self.nonces[node.nonce] = node.node_id
+
+    def register(self, address: str, nonce: str) -> Node:
+        """Gives a new node the next id."""
+        node = Node(self.next_id, address, nonce)
+        self.next_id += 1
+        self.add_node(node)
+        return node
+
+    def enqueue(self, node: Node) -> None:
+        """Puts a node in the waiting queue: the next generation admits it."""
+        self.waiting[node.node_id] = node
+
+    def take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
+        """Re-admits a removed node that may return, when it comes back from its own address.
+
+        Its process kept running (a host cut off, then reachable again; a process frozen,
+        then resumed): its TensorFlow server keeps its task id, so it keeps its node id.
+        None when the node may not return (it died, it left) or another address claims it.
+        """
+        if self.returnable.get(node_id) != address:
+            return None
+        del self.returnable[node_id]
+        self.removed.pop(node_id, None)
+        node = Node(node_id, address, nonce)
+        self.add_node(node)
+        return node
+
+    def form(self, ids: Iterable[int], cause: str) -> list[int]:
+        """Starts the next generation with ``ids`` as its members; returns them sorted."""
+        ids = sorted(ids)
+        self.generation += 1
+        self.phase = Phase.ACTIVE
+        self.reason = cause
+        self.members = {node_id: self.nodes[node_id].address for node_id in ids}
+        for node_id in ids:
+            self.waiting.pop(node_id, None)
+        self.below_min_at = None
+        self.gathers.end()
+        self.past[self.generation] = frozenset(ids)
+        while len(self.past) > PAST_GENERATIONS:
+            self.past.popitem(last=False)
+        return ids
 
     def remove_node(self, node_id: int, cause: str, may_return: bool = False) -> Node | None:
         """Removes a node (its id stays taken); None if it is not known.
@@ -111,28 +253,89 @@ class RunState:
                 del self.returnable[next(iter(self.returnable))]
         return node
 
-    def take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
-        """Re-admits a removed node that may return, when it comes back from its own address.
+    def remove(self, ids: Iterable[int], cause: str, failed: bool,
+               may_return: bool = False) -> Removal:
+        """Removes nodes and decides what the run does next.
 
-        Its process kept running (a host cut off, then reachable again; a process frozen,
-        then resumed): its TensorFlow server keeps its task id, so it keeps its node id.
-        None when the node may not return (it died, it left) or another address claims it.
+        ``failed``: they failed, so each lost member's address counts a failure on the
+        blocklist. ``may_return``: they were only silent or unreachable (see remove_node).
         """
-        if self.returnable.get(node_id) != address:
-            return None
-        del self.returnable[node_id]
-        self.removed.pop(node_id, None)
-        node = Node(node_id, address, nonce)
-        self.add_node(node)
-        return node
+        removed, lost = [], []
+        for node_id in ids:
+            node = self.remove_node(node_id, cause, may_return)
+            if node is None:
+                continue
+            removed.append(node_id)
+            if node_id in self.members:
+                lost.append(node_id)
+                if failed:
+                    self.blocklist.record_failure(node.address)
+        if not self.nodes and not failed:
+            after = AfterRemoval.COMPLETE
+        elif lost and self.phase == Phase.ACTIVE:
+            remain = len(self.members) - len(lost) + len(self.waiting)
+            after = (AfterRemoval.RE_FORM if remain >= self.min_nodes
+                     else AfterRemoval.FALL_BELOW_MIN)
+        else:
+            after = AfterRemoval.MAYBE_FORM
+        return Removal(removed, lost, after)
 
-    def was_removed(self, node_id: int) -> bool:
-        """Whether the id was given out and its node removed (ids are never reused)."""
-        return node_id not in self.nodes and 0 <= node_id < self.next_id
+    def fall_below_min(self, lost: list[int], cause: str, fail_at: float) -> list[int]:
+        """Ends the generation that lost ``lost`` with too few nodes left: its survivors wait
+        with the others until min_nodes are back, or the run fails at ``fail_at``
+        (time.monotonic()). Returns the survivors."""
+        survivors = [node_id for node_id in self.members if node_id not in lost]
+        self.phase = Phase.FORMING
+        self.members = {}
+        for node_id in survivors:
+            self.waiting[node_id] = self.nodes[node_id]
+        self.below_min_at = fail_at
+        self.reason = (f"lost {lost} ({cause}); {len(self.waiting)} of min_nodes="
+                       f"{self.min_nodes} remain")
+        self.gathers.end()
+        return survivors
 
-    def removal_cause(self, node_id: int) -> str:
-        return self.removed.get(node_id, f"the cause is no longer kept: only the last "
-                                         f"{MAX_REMOVED_KEPT} removals are")
+    def complete(self, last: list[int], cause: str) -> None:
+        """Ends the run when its last node left of its own accord: the job is done.
+
+        Not a failure, and not below min_nodes either: nobody is expected back.
+        """
+        self.phase = Phase.COMPLETED
+        self.reason = f"completed: every node left (the last: {last}, {cause})"
+        self.members = {}
+        self.below_min_at = None
+        self.gathers.end()
+
+    def fail(self, reason: str) -> None:
+        self.phase = Phase.FAILED
+        self.reason = reason
+        self.gathers.end()
+
+    def start_afresh(self, min_nodes: int, max_nodes: int, settings: RunSettings) -> list[int]:
+        """Makes an ended run the next job with the same run id; returns the ids of the nodes
+        left over from the ended job, which it removes so they cannot mix with the new one.
+
+        Ids and generations keep counting and the history goes on, so nothing of
+        the ended job is reused and its ids still name what they named.
+        """
+        ended = f"run {self.run_id!r} {self.phase.lower()} ({self.reason})"
+        left_over = list(self.nodes)
+        for node_id in left_over:
+            self.remove_node(node_id, f"{ended}; a new job started it afresh")
+        self.min_nodes, self.max_nodes = min_nodes, max_nodes
+        self.blocklist = _new_blocklist(settings)
+        self.gathers = Gathers()
+        self.phase = Phase.FORMING
+        self.members = {}
+        self.returnable = {}
+        self.below_min_at = None
+        self.reason = f"a new job started it afresh after: {ended}"
+        return left_over
+
+    def note(self, event: str, nodes: list[int], detail: str, now: float) -> None:
+        """Records a change in the run's history (``now``: time.time())."""
+        self.history.append({"time": now, "event": event, "generation": self.generation,
+                             "nodes": nodes, "detail": detail})
 
 
 def _new_blocklist(settings: RunSettings) -> Blocklist:
@@ -150,7 +353,7 @@ def encode(state: RunState) -> Snapshot:
         "max_nodes": state.max_nodes, "next_id": state.next_id,
         "generation": state.generation, "state": state.phase.value, "reason": state.reason,
         "members": nodes(state.members), "waiting": nodes(state.waiting),
-        "registered": nodes(state.nodes.keys() - state.members.keys() - state.waiting.keys()),
+        "registered": nodes(state.registered()),
         "removed": {str(i): cause for i, cause in state.removed.items()},
         "returnable": {str(i): address for i, address in state.returnable.items()},
         "past": [[g, sorted(ids)] for g, ids in state.past.items()],

@@ -31,7 +31,8 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
     UNKNOWN_RUN, InvalidArgumentError, LimitReachedError, RendezvousError)
 from tensorflow_elastic.rendezvous.metrics import Metrics
-from tensorflow_elastic.rendezvous.run import Run, check_last_generation
+from tensorflow_elastic.rendezvous.refusals import check_last_generation
+from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore

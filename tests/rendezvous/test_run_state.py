@@ -1,4 +1,4 @@
-"""The snapshot a run is saved as: what a restarted orchestrator reads back."""
+"""A run's state: its pure transitions, and the snapshot a restarted orchestrator reads."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tensorflow_elastic.rendezvous.run_state import Node, RunState, decode, encode
+from tensorflow_elastic.rendezvous.run_state import (
+    PAST_GENERATIONS, AfterRemoval, Forming, JoinStep, Node, RunState, decode, encode)
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import Phase
 
@@ -91,3 +92,129 @@ def test_a_removed_node_frees_its_nonce_but_not_its_id():
     assert (state.nodes, state.waiting, state.nonces) == ({}, {}, {})
     assert state.removed == {0: "no heartbeat"}
     assert state.remove_node(0, "again") is None and state.removed[0] == "no heartbeat"
+
+
+# ----------------------------------------------------------- the pure transitions
+
+
+def _run(min_nodes: int = 2, max_nodes: int = 3, members: tuple[int, ...] = (),
+         waiting: tuple[int, ...] = (), registered: tuple[int, ...] = ()) -> RunState:
+    """A run whose generation 1 has ``members`` (FORMING when there are none)."""
+    state = RunState.new("job", min_nodes, max_nodes, SETTINGS)
+    for node_id in sorted(members + waiting + registered):
+        state.add_node(Node(node_id, f"10.0.0.{node_id}:2222"))
+    state.next_id = max(members + waiting + registered, default=-1) + 1
+    if members:
+        state.form(members, "formed")
+    for node_id in waiting:
+        state.enqueue(state.nodes[node_id])
+    return state
+
+
+@pytest.mark.parametrize("run, ids, failed, removed, lost, after", [
+    (dict(members=(0, 1, 2), waiting=(3,)), [1], True, [1], [1], AfterRemoval.RE_FORM),
+    (dict(members=(0, 1)), [1], True, [1], [1], AfterRemoval.FALL_BELOW_MIN),
+    (dict(members=(0, 1), waiting=(2,)), [1], False, [1], [1], AfterRemoval.RE_FORM),
+    (dict(members=(0, 1)), [0, 1], False, [0, 1], [0, 1], AfterRemoval.COMPLETE),
+    (dict(members=(0, 1)), [0, 1], True, [0, 1], [0, 1], AfterRemoval.FALL_BELOW_MIN),
+    (dict(members=(0, 1), waiting=(2,)), [2], True, [2], [], AfterRemoval.MAYBE_FORM),
+    (dict(waiting=(0,)), [0], False, [0], [], AfterRemoval.COMPLETE),
+    (dict(waiting=(0, 1)), [1], True, [1], [], AfterRemoval.MAYBE_FORM),
+    (dict(members=(0, 1)), [7, 1, 1], True, [1], [1], AfterRemoval.FALL_BELOW_MIN),
+], ids=["member-fails-enough-remain", "member-fails-too-few-remain", "member-leaves-waiting-fill",
+        "everyone-leaves", "everyone-fails", "waiting-node-fails", "last-waiting-leaves",
+        "forming-node-fails", "unknown-and-repeated-ids"])
+def test_remove_says_what_it_removed_and_what_the_run_does_next(run, ids, failed, removed, lost,
+                                                                 after):
+    state = _run(**run)
+    members_before = dict(state.members)
+    removal = state.remove(ids, "why", failed)
+    assert (removal.removed, removal.lost, removal.next) == (removed, lost, after)
+    assert not state.nodes.keys() & set(removed)
+    assert all(state.removed[node_id] == "why" for node_id in removed)
+    assert state.members == members_before  # members change only when a generation ends
+
+
+def test_remove_blocklists_failed_members_only_and_marks_the_silent_returnable():
+    state = _run(min_nodes=1, members=(0, 1), waiting=(2,))
+    state.remove([0, 2], "no heartbeat", failed=True, may_return=True)
+    state.remove([1], "left", failed=False)
+    assert [address for address, _ in state.blocklist.snapshot().items()] == ["10.0.0.0:2222"]
+    assert state.returnable == {0: "10.0.0.0:2222", 2: "10.0.0.2:2222"}
+
+
+@pytest.mark.parametrize("run, forming", [
+    (dict(min_nodes=2, max_nodes=3), Forming.TOO_FEW),
+    (dict(min_nodes=2, max_nodes=3, waiting=(0,)), Forming.TOO_FEW),
+    (dict(min_nodes=2, max_nodes=3, waiting=(0, 1)), Forming.ENOUGH),
+    (dict(min_nodes=2, max_nodes=3, waiting=(0, 1, 2)), Forming.FULL),
+    (dict(min_nodes=1, max_nodes=1, waiting=(0, 1)), Forming.FULL),
+    (dict(min_nodes=1, max_nodes=3, members=(0,), waiting=(1, 2, 3)), None),
+])
+def test_forming_says_when_the_next_generation_forms(run, forming):
+    assert _run(**run).forming() is forming
+
+
+@pytest.mark.parametrize("node_id, last_generation, step", [
+    (0, 1, JoinStep.GROW),    # a member re-joins the generation it runs
+    (0, 0, JoinStep.WAIT),    # a member's retried first join: it waits for its answer
+    (2, 0, JoinStep.WAIT),    # already waiting
+    (3, 0, JoinStep.ENQUEUE),  # registered, now asking to join
+    (4, 0, JoinStep.WAIT),    # removed
+])
+def test_join_step_of_a_known_node(node_id, last_generation, step):
+    state = _run(members=(0, 1), waiting=(2,), registered=(3, 4))
+    state.remove_node(4, "left")
+    assert state.join_step(node_id, last_generation) is step
+
+
+@pytest.mark.parametrize("run, lost, expected", [
+    (dict(max_nodes=3, members=(0, 1), waiting=(5, 3, 4)), [], [0, 1, 3]),
+    (dict(max_nodes=3, members=(0, 1, 2), waiting=(3,)), [], [0, 1, 2]),
+    (dict(max_nodes=3, members=(0, 1, 2), waiting=(4, 3)), [1], [0, 2, 3]),
+    (dict(max_nodes=3, waiting=(4, 0, 2, 1)), [], [0, 1, 2]),
+])
+def test_next_members_are_the_survivors_then_the_lowest_waiting_ids(run, lost, expected):
+    assert _run(**run).next_members(lost) == expected
+
+
+def test_form_starts_the_next_generation_and_keeps_only_the_recent_past():
+    state = _run(min_nodes=1, max_nodes=4, members=(0,), waiting=(1, 2))
+    state.below_min_at = 5.0
+    state.gathers.put("barrier/a", 0, b"", {0, 1})
+    for _ in range(PAST_GENERATIONS + 1):
+        assert state.form([2, 0], "grow") == [0, 2]
+    assert (state.generation, state.phase, state.reason) == (
+        PAST_GENERATIONS + 2, Phase.ACTIVE, "grow")
+    assert state.members == {0: "10.0.0.0:2222", 2: "10.0.0.2:2222"}
+    assert list(state.waiting) == [1] and state.admissible() == 1
+    assert state.below_min_at is None and len(state.gathers) == 0
+    assert len(state.past) == PAST_GENERATIONS and min(state.past) == 3
+    assert state.removed_since(state.generation) == 0
+
+
+def test_falling_below_min_puts_the_survivors_back_to_wait_until_a_deadline():
+    state = _run(min_nodes=3, max_nodes=3, members=(0, 1, 2))
+    state.remove([1], "no heartbeat", failed=True)
+    assert state.fall_below_min([1], "no heartbeat", fail_at=42.0) == [0, 2]
+    assert (state.phase, state.members, sorted(state.waiting)) == (Phase.FORMING, {}, [0, 2])
+    assert state.reason == "lost [1] (no heartbeat); 2 of min_nodes=3 remain"
+    assert state.removed_since(1) == 3
+    assert not state.below_min_expired(41.9) and state.below_min_expired(42.0)
+
+
+@pytest.mark.parametrize("end", ["complete", "fail"])
+def test_an_ended_run_starts_afresh_without_its_left_over_nodes(end):
+    state = _run(min_nodes=1, max_nodes=2, members=(0,), waiting=(1,))
+    if end == "complete":
+        state.complete([0], "left: done")
+        assert state.reason == "completed: every node left (the last: [0], left: done)"
+    else:
+        state.fail("too few")
+    assert state.phase.ended
+    assert state.start_afresh(2, 3, SETTINGS) == [0, 1]
+    assert (state.phase, state.min_nodes, state.max_nodes, state.nodes, state.members) == (
+        Phase.FORMING, 2, 3, {}, {})
+    assert state.reason.startswith(f"a new job started it afresh after: run 'job' {end}")
+    assert state.removal_cause(1).endswith("a new job started it afresh")
+    assert state.register("10.0.0.9:2222", "n9").node_id == 2  # ids keep counting
