@@ -137,6 +137,7 @@ class LocalAgent:
             self.restarts += 1
             self._info("restart %d of %d: worker %d comes back as a new node", self.restarts,
                        self.spec.max_restarts, action.slot)
+            self._view = self._view.with_node(action.slot, None)  # known when it joins
             self._start(action.slot)
         elif action.do is Do.KEEP_DOWN:
             self._info("worker %d is not restarted: %s", action.slot, action.reason)

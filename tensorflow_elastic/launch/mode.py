@@ -36,8 +36,6 @@ class View:
         return cls((None,) * slots)
 
     def with_node(self, slot: int, node_id: int | None) -> View:
-        if node_id is None:
-            return self
         ids = list(self.node_ids)
         ids[slot] = node_id
         return dataclasses.replace(self, node_ids=tuple(ids))
