@@ -1,5 +1,6 @@
 """Supervision: `tfelastic-run` and `tensorflowrun`, the local agent that starts, monitors and
-restarts a node's workers, its elasticity modes (in-process, restart, PS roles) and error files.
+restarts a node's workers (doing what a pure decision says), its modes (in-process, restart,
+PS roles) and error files.
 """
 
 from tensorflow_elastic.launch.agent import AgentResult, LocalAgent

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 
 from tensorflow_elastic import environment
+from tensorflow_elastic.launch.decision import Scope
+from tensorflow_elastic.launch.mode import View, WorkerLaunch
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Phase
@@ -31,10 +32,9 @@ QUIET_S = 3.0
 class InProcessElasticity:
     """Environment for elastic-aware workers, and the agent's read-only view of the run."""
 
-    restarts_on_membership_change = False
+    scope = Scope.WORKER
 
-    def __init__(self, spec: WorkerSpec, ports: PortAllocator, wake: threading.Event,
-                 hosts_orchestrator: bool = False):
+    def __init__(self, spec: WorkerSpec, ports: PortAllocator, hosts_orchestrator: bool = False):
         self.spec = spec
         self._ports = ports
         self._hosts_orchestrator = hosts_orchestrator
@@ -48,14 +48,34 @@ class InProcessElasticity:
         self._generation = 0
         self._world_size = 0
 
-    def rendezvous(self) -> None:
+    def launch(self, slot: int) -> WorkerLaunch:
+        """The worker inherits the socket holding its port, and the agent lets go of it; a
+        restarted worker is a new node, at a fresh address."""
+        if slot not in self._held:
+            self._addresses[slot], self._held[slot] = self._ports.held_address()
+        held = self._held.pop(slot)
+        env = {environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
+               environment.ADDRESS: self._addresses[slot],
+               environment.ADDRESS_FD: str(held.fileno()),
+               environment.MIN_NODES: str(self.spec.min_nodes),
+               environment.MAX_NODES: str(self.spec.max_nodes),
+               environment.JOIN_TIMEOUT: str(self.spec.join_timeout)}
+        if self.spec.token:
+            env[environment.TOKEN] = self.spec.token
+        if self.spec.tls_ca:
+            env[environment.TLS_CA] = self.spec.tls_ca
+        return WorkerLaunch(env, [held])
+
+    def form(self) -> None:
         """Nothing to join here: each worker joins when it calls ``tensorflow_elastic.init()``."""
 
-    def membership_changed(self) -> bool:
-        return False
-
-    def refresh(self) -> None:
+    def observe(self) -> View:
         """Learns node ids of new workers and the current generation (best effort)."""
+        self._refresh()
+        return View(tuple(self._node_id(slot) for slot in range(len(self._addresses))),
+                    self._generation, self._world_size)
+
+    def _refresh(self) -> None:
         try:
             runs = self._status_client.status()
         except RendezvousError:
@@ -66,57 +86,23 @@ class InProcessElasticity:
             for node in run.nodes:
                 self._node_ids.setdefault(node.address, node.node_id)
 
-    def node_id(self, slot: int) -> int | None:
+    def _node_id(self, slot: int) -> int | None:
         return self._node_ids.get(self._addresses[slot])
 
-    def node_ids(self) -> list[int | None]:
-        return [self.node_id(slot) for slot in range(len(self._addresses))]
-
-    def generation(self) -> int:
-        return self._generation
-
-    def world_size(self) -> int:
-        return self._world_size
-
-    def worker_env(self, slot: int) -> dict[str, str]:
-        env = {environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
-               environment.ADDRESS: self._addresses[slot],
-               environment.MIN_NODES: str(self.spec.min_nodes),
-               environment.MAX_NODES: str(self.spec.max_nodes),
-               environment.JOIN_TIMEOUT: str(self.spec.join_timeout)}
-        if self.spec.token:
-            env[environment.TOKEN] = self.spec.token
-        if self.spec.tls_ca:
-            env[environment.TLS_CA] = self.spec.tls_ca
-        if slot in self._held:
-            env[environment.ADDRESS_FD] = str(self._held[slot].fileno())
-        return env
-
-    def inherited_sockets(self, slot: int) -> list[socket.socket]:
-        """The socket holding the worker's port: the worker inherits it, the agent lets go."""
-        held = self._held.pop(slot, None)
-        return [] if held is None else [held]
-
-    def new_address(self, slot: int) -> None:
-        """A restarted worker is a new node: it gets a fresh address."""
-        stale = self._held.pop(slot, None)
-        if stale is not None:
-            stale.close()
-        self._addresses[slot], self._held[slot] = self._ports.held_address()
-
-    def report_death(self, slot: int, cause: str) -> None:
+    def report_death(self, slot: int, cause: str) -> int | None:
         """Tells the orchestrator that the slot's node died, so its peers re-form at once."""
-        if self.node_id(slot) is None:
-            self.refresh()  # it may have registered since the last look
-        node_id = self.node_id(slot)
+        if self._node_id(slot) is None:
+            self._refresh()  # it may have registered since the last look
+        node_id = self._node_id(slot)
         if node_id is None:
-            return  # it died before it registered: nobody waits for it
+            return None  # it died before it registered: nobody waits for it
         try:
             self._status_client.report_death(node_id, cause)
         except RendezvousError as e:
             logger.warning("could not report node %d's death: %s", node_id, e.message)
+        return node_id
 
-    def exit_barrier(self) -> None:
+    def complete(self) -> None:
         """The workers pass their own exit barrier; an agent that hosts the orchestrator also
         waits until no node of the run still heartbeats, so it never pulls the service from
         under workers of other agents."""

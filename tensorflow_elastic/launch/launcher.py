@@ -12,18 +12,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import sys
 import threading
 from typing import NoReturn
 
 from tensorflow_elastic import environment, net
-from tensorflow_elastic.launch import IN_PROCESS, LocalAgent, WorkerSpec, embedded
+from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded
 from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
-from tensorflow_elastic.launch.ps_roles import ParameterServerRoles
+from tensorflow_elastic.launch.ps_roles import run_role
 from tensorflow_elastic.launch.restart import RestartElasticity
 from tensorflow_elastic.launch.spec import AUTO, RESTART, default_log_dir, parse_nnodes
+from tensorflow_elastic.launch.supervise import on_stop_signals, supervise
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
 from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
 from tensorflow_elastic.rendezvous.client import split_endpoints
@@ -285,11 +285,6 @@ def _check_reachable(endpoint: str, run_id: str, token: str | None, tls_ca: str 
                  f"--rdzv_endpoint", code=1)
 
 
-def _on_signals(handler) -> None:
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: handler(signum))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     min_nodes, max_nodes = _check_args(args)
@@ -302,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         events_file = os.path.abspath(events_file)
 
     if args.role != COLLECTIVE:
-        return _run_agent(args, "", token, events_file, min_nodes, max_nodes,
-                          hosts_orchestrator=False)
+        spec = _worker_spec(args, "", token, events_file, min_nodes, max_nodes)
+        return run_role(spec, args.role, args.ps_address, args.ps_checkpoint_dir)
     server = None
     endpoint = args.rdzv_endpoint or DEFAULT_ENDPOINT
     if args.standalone:
@@ -318,43 +313,49 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.script == ORCHESTRATOR_ONLY:
             stop = threading.Event()
-            _on_signals(lambda signum: stop.set())
+            on_stop_signals(lambda signum: stop.set())
             while not stop.wait(1.0) and server.running:
                 pass
             return 0
         _check_reachable(endpoint, args.run_id, token, args.tls_ca, args.rdzv_timeout)
-        return _run_agent(args, endpoint, token, events_file, min_nodes, max_nodes,
-                          hosts_orchestrator=server is not None)
+        return _run_collective(args, endpoint, token, events_file, min_nodes, max_nodes,
+                               hosts_orchestrator=server is not None)
     finally:
         if server is not None:
             server.stop()
 
 
-def _elasticity(args: argparse.Namespace, spec: WorkerSpec, ports: PortAllocator,
-                wake: threading.Event, hosts_orchestrator: bool) -> tuple[object, str]:
+def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Event,
+                     hosts_orchestrator: bool
+                     ) -> tuple[InProcessElasticity | RestartElasticity, str]:
     """How this node's workers follow the job's membership, and a line that says so."""
-    if args.role != COLLECTIVE:
-        return (ParameterServerRoles(spec, args.role, args.ps_address, args.ps_checkpoint_dir),
-                f"parameter-server mode, role {args.role}: each process restarts alone")
     mode, why = spec.resolved_mode()
     text = f"{mode.replace('_', '-')} elasticity: {why}"
     if mode == IN_PROCESS:
-        return InProcessElasticity(spec, ports, wake, hosts_orchestrator), text
+        return InProcessElasticity(spec, ports, hosts_orchestrator), text
     addresses = [ports.address() for _ in range(spec.nproc_per_node)]
     return RestartElasticity(spec, addresses, wake), text
 
 
-def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
-               events_file: str | None, min_nodes: int, max_nodes: int,
-               hosts_orchestrator: bool) -> int:
+def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
+                    events_file: str | None, min_nodes: int, max_nodes: int,
+                    hosts_orchestrator: bool) -> int:
     if args.address:
         host, first_port = _parse_address(args.address)
-    elif args.role != COLLECTIVE:
-        host, first_port = "127.0.0.1", 0
     else:
         endpoint_host = net.parse_address(split_endpoints(endpoint)[0], allow_port_zero=True)[0]
         host, first_port = net.local_address_towards(endpoint_host), 0
-    spec = WorkerSpec(
+    spec = _worker_spec(args, endpoint, token, events_file, min_nodes, max_nodes, host,
+                        first_port)
+    wake = threading.Event()
+    mode, why = _collective_mode(spec, PortAllocator(host, first_port), wake, hosts_orchestrator)
+    return supervise(spec, mode, wake, why, membership=mode)
+
+
+def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
+                 events_file: str | None, min_nodes: int, max_nodes: int,
+                 host: str = "127.0.0.1", first_port: int = 0) -> WorkerSpec:
+    return WorkerSpec(
         entrypoint=args.script, args=args.script_args, rdzv_endpoint=endpoint, run_id=args.run_id,
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=args.nproc_per_node, host=host,
         first_port=first_port, max_restarts=args.max_restarts,
@@ -364,19 +365,6 @@ def _run_agent(args: argparse.Namespace, endpoint: str, token: str | None,
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval,
         verbose=args.verbose)
-    wake = threading.Event()
-    elasticity, why = _elasticity(args, spec, PortAllocator(host, first_port), wake,
-                                  hosts_orchestrator)
-    print(f"[agent] {why}", file=sys.stderr, flush=True)
-    print(f"[agent] workers' full output: {spec.log_dir}", file=sys.stderr, flush=True)
-    agent = LocalAgent(spec, elasticity, wake)
-    _on_signals(agent.request_stop)
-    result = agent.run()
-    if result.summary:
-        print(result.summary, file=sys.stderr, flush=True)
-    if result.failures:
-        print(f"[agent] error files and logs: {spec.log_dir}", file=sys.stderr, flush=True)
-    return result.exit_code
 
 
 if __name__ == "__main__":

@@ -3,19 +3,25 @@
 Workers of the asynchronous mode register with the PS themselves, so the
 agent only hands each process its role and the PS address, and restarts a
 dead one. A restarted PS serves at the same address and resumes from its
-checkpoint; the workers reconnect to it by themselves.
+checkpoint; the workers reconnect to it by themselves. The PS finds a dead
+worker by its lease and ends the job, so the agent has no membership to keep.
 """
 
 from __future__ import annotations
 
-import socket
+import threading
 
 from tensorflow_elastic import environment
+from tensorflow_elastic.launch.decision import Scope
+from tensorflow_elastic.launch.mode import WorkerLaunch
 from tensorflow_elastic.launch.spec import WorkerSpec
+from tensorflow_elastic.launch.supervise import supervise
 
 
 class ParameterServerRoles:
-    restarts_on_membership_change = False
+    """The environment of a PS or worker process; a dead one comes back alone, unchanged."""
+
+    scope = Scope.WORKER
 
     def __init__(self, spec: WorkerSpec, role: str, ps_address: str,
                  checkpoint_dir: str | None = None):
@@ -24,28 +30,9 @@ class ParameterServerRoles:
         self.ps_address = ps_address
         self.checkpoint_dir = checkpoint_dir
 
-    def rendezvous(self) -> None:
-        """Workers register with the PS when they start."""
-
-    def refresh(self) -> None:
-        """The PS keeps the membership; the agent only watches its processes."""
-
-    def membership_changed(self) -> bool:
-        return False
-
-    def node_id(self, slot: int) -> int | None:
-        return None
-
-    def node_ids(self) -> list[int | None]:
-        return [None] * self.spec.nproc_per_node
-
-    def generation(self) -> int:
-        return 0
-
-    def world_size(self) -> int:
-        return self.spec.nproc_per_node
-
-    def worker_env(self, slot: int) -> dict[str, str]:
+    def launch(self, slot: int) -> WorkerLaunch:
+        """The PS address is the user's: nothing is held for it, and a restarted PS comes back
+        where the workers look for it."""
         env = {environment.PS_ROLE: self.role, environment.PS_ADDRESS: self.ps_address,
                environment.RUN_ID: self.spec.run_id}
         if self.checkpoint_dir:
@@ -54,23 +41,11 @@ class ParameterServerRoles:
             env[environment.TOKEN] = self.spec.token
         if self.spec.tls_ca:
             env[environment.TLS_CA] = self.spec.tls_ca
-        return env
+        return WorkerLaunch(env)
 
-    def inherited_sockets(self, slot: int) -> list[socket.socket]:
-        """The PS address is the user's: nothing is held for it."""
-        return []
 
-    def new_address(self, slot: int) -> None:
-        """A restarted PS must come back where the workers look for it."""
-
-    def exit_barrier(self) -> None:
-        """The PS ends the job; there is nothing to wait for."""
-
-    def report_death(self, slot: int, cause: str) -> None:
-        """The PS finds a dead worker by its lease; there is no orchestrator to tell."""
-
-    def leave(self, reason: str) -> None:
-        """Workers leave the PS themselves (SIGTERM: push the gradient in flight, then leave)."""
-
-    def close(self) -> None:
-        """Nothing held."""
+def run_role(spec: WorkerSpec, role: str, ps_address: str, checkpoint_dir: str | None) -> int:
+    """Runs this node's PS or workers (``tfelastic-run --role``) to the end; the exit code."""
+    return supervise(spec, ParameterServerRoles(spec, role, ps_address, checkpoint_dir),
+                     threading.Event(),
+                     f"parameter-server mode, role {role}: each process restarts alone")

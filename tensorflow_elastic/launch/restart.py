@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from tensorflow_elastic import environment
+from tensorflow_elastic.launch.decision import Scope
+from tensorflow_elastic.launch.mode import View, WorkerLaunch
 from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership, Phase
 from tensorflow_elastic.rendezvous.errors import (
@@ -39,7 +40,7 @@ def tf_config(membership: Membership, node_id: int) -> str:
 class RestartElasticity:
     """The agent's orchestrator nodes (one per local worker) and when to restart them all."""
 
-    restarts_on_membership_change = True
+    scope = Scope.GROUP
 
     def __init__(self, spec: WorkerSpec, addresses: list[str], wake: threading.Event):
         self.spec = spec
@@ -47,12 +48,12 @@ class RestartElasticity:
         self._wake = wake
         self._changed = threading.Event()
         self._clients = [self._new_client() for _ in addresses]
-        self.membership: Membership | None = None
+        self._joined: Membership | None = None
         self._generation = 0
 
     # --------------------------------------------------------------- rendezvous
 
-    def rendezvous(self) -> Membership:
+    def form(self) -> View:
         """Joins (or re-joins) every local node; returns the generation they all belong to."""
         for slot, client in enumerate(self._clients):
             if isinstance(client.heartbeat_error, NodeRemovedError):
@@ -68,10 +69,10 @@ class RestartElasticity:
         for slot, m in enumerate(memberships):
             if m.generation < latest:
                 memberships[slot] = self._join(slot)
-        self.membership = memberships[0]
-        self._generation = self.membership.generation
+        self._joined = memberships[0]
+        self._generation = self._joined.generation
         self._changed.clear()
-        return self.membership
+        return self._view()
 
     def _join(self, slot: int) -> Membership:
         client = self._clients[slot]
@@ -85,14 +86,11 @@ class RestartElasticity:
         except RunFailedError as e:
             raise RuntimeError(f"the run failed on the orchestrator: {e.message}") from None
 
-    def refresh(self) -> None:
-        """Heartbeat replies keep this mode's view current."""
-
     def _new_client(self) -> Client:
         return self.spec.orchestrator_client()
 
     def _on_heartbeat(self, info: HeartbeatInfo) -> None:
-        world = 0 if self.membership is None else self.membership.world_size
+        world = 0 if self._joined is None else self._joined.world_size
         if (info.state == Phase.FAILED or info.generation > self._generation or info.removed
                 or (info.waiting > 0 and world < self.spec.max_nodes)):
             self._changed.set()
@@ -100,39 +98,28 @@ class RestartElasticity:
 
     # ------------------------------------------------------------------ queries
 
-    def membership_changed(self) -> bool:
-        if any(c.heartbeat_error is not None for c in self._clients):
-            return True
-        return self._changed.is_set()
+    def observe(self) -> View:
+        """Heartbeat replies keep this view current; a failed heartbeat is a change too."""
+        return self._view(changed=self._changed.is_set()
+                          or any(c.heartbeat_error is not None for c in self._clients))
 
-    def node_id(self, slot: int) -> int | None:
-        return self._clients[slot].node_id
+    def _view(self, changed: bool = False) -> View:
+        world = 0 if self._joined is None else self._joined.world_size
+        return View(tuple(c.node_id for c in self._clients), self._generation, world, changed)
 
-    def node_ids(self) -> list[int | None]:
-        return [c.node_id for c in self._clients]
-
-    def generation(self) -> int:
-        return self._generation
-
-    def world_size(self) -> int:
-        return 0 if self.membership is None else self.membership.world_size
-
-    def worker_env(self, slot: int) -> dict[str, str]:
+    def launch(self, slot: int) -> WorkerLaunch:
+        """Stock TensorFlow workers bind their TF_CONFIG address themselves: no socket to pass;
+        a restarted worker keeps its node and address."""
         node_id = self._clients[slot].node_id
-        return {"TF_CONFIG": tf_config(self.membership, node_id),
-                environment.NODE_ID: str(node_id), environment.GENERATION: str(self._generation)}
-
-    def inherited_sockets(self, slot: int) -> list[socket.socket]:
-        """Stock TensorFlow workers bind their TF_CONFIG address themselves: nothing to pass."""
-        return []
-
-    def new_address(self, slot: int) -> None:
-        """A restarted worker keeps its node and address in this mode."""
+        return WorkerLaunch({"TF_CONFIG": tf_config(self._joined, node_id),
+                             environment.NODE_ID: str(node_id),
+                             environment.GENERATION: str(self._generation)})
 
     # ----------------------------------------------------------------- endings
 
-    def exit_barrier(self) -> None:
-        """Waits until every member's workers finished too, so no agent leaves a generation early."""
+    def complete(self) -> None:
+        """Waits until every member's workers finished too, so no agent leaves a generation
+        early; then leaves."""
         def enter(client: Client) -> None:
             try:
                 client.barrier(f"exit-{self._generation}", timeout=self.spec.exit_barrier_timeout)
@@ -143,9 +130,11 @@ class RestartElasticity:
 
         with ThreadPoolExecutor(len(self._clients)) as pool:
             list(pool.map(enter, self._clients))
+        self.leave("job complete")
 
-    def report_death(self, slot: int, cause: str) -> None:
+    def report_death(self, slot: int, cause: str) -> int | None:
         """The agent's own clients are the members: the restart of the group is the report."""
+        return self._clients[slot].node_id
 
     def leave(self, reason: str) -> None:
         for client in self._clients:

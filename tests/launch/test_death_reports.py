@@ -13,14 +13,22 @@ from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Client, Orchestrator
 
 
+def _address(elasticity: InProcessElasticity, slot: int) -> str:
+    """The address the agent gives the slot's worker (the test's client plays the worker)."""
+    launch = elasticity.launch(slot)
+    for held in launch.sockets:
+        held.close()
+    return launch.env[environment.ADDRESS]
+
+
 def test_the_agent_reports_its_dead_worker_s_node_and_the_members_move_on():
     with Orchestrator("127.0.0.1", 0) as server:
         spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
-        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"), threading.Event(),
+        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         survivor, dying = Client(server.endpoint, "job"), Client(server.endpoint, "job")
         try:
-            address = elasticity.worker_env(0)[environment.ADDRESS]
+            address = _address(elasticity, 0)
             with concurrent.futures.ThreadPoolExecutor(2) as pool:  # both in generation 1
                 joins = [pool.submit(survivor.join, "127.0.0.1:20001", 1, 3, timeout=10),
                          pool.submit(dying.join, address, 1, 3, timeout=10)]
@@ -41,12 +49,12 @@ def test_the_agent_reports_its_dead_standby_worker_at_once():
     asked to join: removed at once, not at its heartbeat timeout."""
     with Orchestrator("127.0.0.1", 0) as server:
         spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
-        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"), threading.Event(),
+        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         member, standby = Client(server.endpoint, "job"), Client(server.endpoint, "job")
         try:
             member.join("127.0.0.1:20001", 1, 3, timeout=10)
-            standby.register(elasticity.worker_env(0)[environment.ADDRESS], 1, 3)
+            standby.register(_address(elasticity, 0), 1, 3)
             [run] = member.status()
             assert (standby.node_id, "registered") in [(n.node_id, n.role) for n in run.nodes]
             elasticity.report_death(0, "killed by SIGKILL")
@@ -62,11 +70,11 @@ def test_the_agent_reports_its_dead_standby_worker_at_once():
 def test_a_worker_that_dies_before_it_registers_is_not_reported():
     with Orchestrator("127.0.0.1", 0) as server:
         spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
-        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"), threading.Event(),
+        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         try:
             elasticity.report_death(0, "exit code 1")  # nothing to report, and no error
-            assert elasticity.node_id(0) is None
+            assert elasticity.observe().node_ids[0] is None
         finally:
             elasticity.close()
 

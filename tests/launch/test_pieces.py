@@ -187,10 +187,10 @@ def test_a_worker_s_whole_output_goes_to_its_log_file_and_the_console_gets_the_r
 
 def test_the_ps_roles_pass_the_token_and_the_tls_trust_to_their_processes():
     spec = WorkerSpec("train.py", [], "", "job", 1, 1, token="s3cret", tls_ca="/etc/ca.pem")
-    env = ParameterServerRoles(spec, "worker", "127.0.0.1:7070").worker_env(0)
+    env = ParameterServerRoles(spec, "worker", "127.0.0.1:7070").launch(0).env
     assert env["TFE_RDZV_TOKEN"] == "s3cret" and env["TFE_RDZV_TLS_CA"] == "/etc/ca.pem"
     assert "TFE_RDZV_TOKEN" not in ParameterServerRoles(
-        WorkerSpec("train.py", [], "", "job", 1, 1), "ps", "127.0.0.1:7070").worker_env(0)
+        WorkerSpec("train.py", [], "", "job", 1, 1), "ps", "127.0.0.1:7070").launch(0).env
 
 
 @pytest.mark.parametrize("host, flag", [("10.0.0.5", "10.0.0.5"), ("fd00::5", "[fd00::5]")])

@@ -1,0 +1,88 @@
+"""What the agent does after a check of its workers: a pure decision, apart from the doing.
+
+The agent polls its workers, then asks :func:`decide` what follows from what
+it saw (the slots' exit codes, which of them just failed, its restart
+counter, whether the job's membership changed) and carries out the actions
+in order. The mode's :class:`Scope` is the one thing that differs: a worker
+that re-forms in-process (or a parameter-server role) comes back alone, a
+plain MWMS worker takes its whole group with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Scope(enum.Enum):
+    """What a failure restarts."""
+
+    WORKER = "worker"  # the dead worker alone; the others go on (in-process, PS roles)
+    GROUP = "group"    # every local worker, after a new rendezvous (restart-based MWMS)
+
+
+class Do(enum.Enum):
+    RESTART_WORKER = "restart_worker"  # start the slot again (counts as a restart)
+    KEEP_DOWN = "keep_down"            # leave the dead slot down, saying why
+    RESTART_GROUP = "restart_group"    # a worker failed: re-form and start all (counts)
+    REFORM_GROUP = "reform_group"      # the membership changed: re-form and start all
+    FINISH = "finish"                  # the job completed
+    FAIL = "fail"                      # give up, saying why
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    do: Do
+    slot: int | None = None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Situation:
+    """What one check saw: each slot's exit code (None: running) and the agent's counters."""
+
+    exit_codes: tuple[int | None, ...]
+    failed: tuple[int, ...] = ()
+    restarts: int = 0
+    max_restarts: int = 0
+    membership_changed: bool = False
+
+
+def decide(scope: Scope, seen: Situation) -> list[Action]:
+    """The actions, in order; none while every worker runs and nothing changed."""
+    succeeded = any(code == 0 for code in seen.exit_codes)
+    if scope is Scope.GROUP:
+        if seen.failed:
+            if seen.restarts >= seen.max_restarts:
+                return [_give_up(seen.restarts, seen.max_restarts)]
+            return [Action(Do.RESTART_GROUP)]
+        if seen.membership_changed and not succeeded:
+            return [Action(Do.REFORM_GROUP)]
+        return _ending(seen.exit_codes, seen.restarts, seen.max_restarts)
+    actions, codes, restarts = [], list(seen.exit_codes), seen.restarts
+    for slot in seen.failed:
+        if succeeded:
+            actions.append(Action(Do.KEEP_DOWN, slot, "the job is complete"))
+        elif restarts >= seen.max_restarts:
+            actions.append(Action(Do.KEEP_DOWN, slot,
+                                  f"--max_restarts={seen.max_restarts} used up"))
+        else:
+            restarts += 1
+            codes[slot] = None
+            actions.append(Action(Do.RESTART_WORKER, slot))
+    return actions + _ending(codes, restarts, seen.max_restarts)
+
+
+def _ending(exit_codes: list[int | None] | tuple[int | None, ...], restarts: int,
+            max_restarts: int) -> list[Action]:
+    """Once every worker has exited: finished if one of them completed the job."""
+    if any(code is None for code in exit_codes):
+        return []
+    if any(code == 0 for code in exit_codes):
+        return [Action(Do.FINISH)]
+    return [_give_up(restarts, max_restarts)]
+
+
+def _give_up(restarts: int, max_restarts: int) -> Action:
+    return Action(Do.FAIL, reason=f"workers failed on this node after {restarts} restart(s) "
+                                  f"(--max_restarts={max_restarts})")

@@ -1,0 +1,55 @@
+"""The agent's decision after a check of its workers, as a table (pure: no processes)."""
+
+import pytest
+
+from tensorflow_elastic.launch.decision import Action, Do, Scope, Situation, decide
+
+GROUP, WORKER = Scope.GROUP, Scope.WORKER
+RUNNING = None
+
+
+def fail(restarts: int, max_restarts: int) -> Action:
+    return Action(Do.FAIL, reason=f"workers failed on this node after {restarts} restart(s) "
+                                  f"(--max_restarts={max_restarts})")
+
+
+CASES = [
+    # (scope, exit codes, failed now, restarts, max_restarts, membership changed) -> actions
+    ("all run", GROUP, (RUNNING, RUNNING), (), 0, 3, False, []),
+    ("group: a failure restarts all", GROUP, (1, RUNNING), (0,), 0, 3, False,
+     [Action(Do.RESTART_GROUP)]),
+    ("group: two failures, one restart", GROUP, (1, -9), (0, 1), 1, 3, False,
+     [Action(Do.RESTART_GROUP)]),
+    ("group: restarts used up", GROUP, (1, RUNNING), (0,), 3, 3, False, [fail(3, 3)]),
+    ("group: no restarts allowed", GROUP, (1,), (0,), 0, 0, False, [fail(0, 0)]),
+    ("group: a failure after a success still restarts", GROUP, (0, 1), (1,), 0, 3, False,
+     [Action(Do.RESTART_GROUP)]),
+    ("group: membership change re-forms, uncounted", GROUP, (RUNNING, RUNNING), (), 3, 3, True,
+     [Action(Do.REFORM_GROUP)]),
+    ("group: no re-form once the job completed", GROUP, (0, RUNNING), (), 0, 3, True, []),
+    ("group: all finished", GROUP, (0, 0), (), 2, 3, False, [Action(Do.FINISH)]),
+    ("group: finished despite a change", GROUP, (0, 0), (), 0, 3, True, [Action(Do.FINISH)]),
+    ("worker: the dead one comes back", WORKER, (RUNNING, 1), (1,), 0, 3, False,
+     [Action(Do.RESTART_WORKER, 1)]),
+    ("worker: restarts counted in order", WORKER, (1, 1, RUNNING), (0, 1), 2, 3, False,
+     [Action(Do.RESTART_WORKER, 0), Action(Do.KEEP_DOWN, 1, "--max_restarts=3 used up")]),
+    ("worker: not after the job completed", WORKER, (0, 1), (1,), 0, 3, False,
+     [Action(Do.KEEP_DOWN, 1, "the job is complete"), Action(Do.FINISH)]),
+    ("worker: not after the job completed, others run", WORKER, (0, 1, RUNNING), (1,), 0, 3,
+     False, [Action(Do.KEEP_DOWN, 1, "the job is complete")]),
+    ("worker: the last one down gives up", WORKER, (1, -9), (1,), 3, 3, False,
+     [Action(Do.KEEP_DOWN, 1, "--max_restarts=3 used up"), fail(3, 3)]),
+    ("worker: no restarts allowed", WORKER, (1,), (0,), 0, 0, False,
+     [Action(Do.KEEP_DOWN, 0, "--max_restarts=0 used up"), fail(0, 0)]),
+    ("worker: a restart keeps the node going", WORKER, (1, -9), (1,), 0, 1, False,
+     [Action(Do.RESTART_WORKER, 1)]),
+    ("worker: membership changes are the workers' own", WORKER, (RUNNING,), (), 0, 3, True, []),
+    ("worker: all finished", WORKER, (0, 0, 1), (), 1, 3, False, [Action(Do.FINISH)]),
+]
+
+
+@pytest.mark.parametrize("scope, codes, failed, restarts, max_restarts, changed, expected",
+                         [case[1:] for case in CASES], ids=[case[0] for case in CASES])
+def test_decision(scope, codes, failed, restarts, max_restarts, changed, expected):
+    seen = Situation(codes, failed, restarts, max_restarts, changed)
+    assert decide(scope, seen) == expected
