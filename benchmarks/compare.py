@@ -146,8 +146,12 @@ def scenario(kind: str, args: argparse.Namespace, tmp: str) -> dict:
         wait_until(lambda: max(r["step"] for r in after()) >= first["step"] + 10,
               "10 more steps after the recovery")
         last = max(r["step"] for r in before)
-        step_s = statistics.median(b["t"] - a["t"] for a, b in zip(before, before[1:])
-                                   if a["pid"] == b["pid"] and b["step"] == a["step"] + 1)
+        # Each worker's own consecutive steps: the launcher interleaves the workers' lines.
+        by_pid: dict[int, list[dict]] = {}
+        for r in before:
+            by_pid.setdefault(r["pid"], []).append(r)
+        step_s = statistics.median(b["t"] - a["t"] for lines in by_pid.values()
+                                   for a, b in zip(lines, lines[1:]) if b["step"] == a["step"] + 1)
         return {"recovery_s": first["t"] - t0, "lost_steps": max(0, last - first["step"] + 1),
                 "last_step": last, "first_step": first["step"], "step_s": step_s}
     finally:
