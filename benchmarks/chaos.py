@@ -51,51 +51,19 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from compare import Job, LauncherProcess, _tagged_pids  # noqa: E402
+from harness import (EventTail, Job, LauncherProcess, exit_on_sigterm, gaps,
+                     nearest_rank_percentile, status_mb, wait_until)
 
-sys.path.insert(0, os.path.dirname(HERE))
-from tensorflow_elastic.observability import events as ev  # noqa: E402
-from tensorflow_elastic.rendezvous.settings import RunSettings  # noqa: E402
+from tensorflow_elastic.observability import events as ev
+from tensorflow_elastic.rendezvous.settings import RunSettings
 
-WORKER = os.path.join(HERE, "chaos_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "chaos_worker.py")
 KILL_KINDS = ("kill_step", "kill_chief_step", "kill_commit", "kill_sync_join", "kill_chief_join")
 HEARTBEAT_TIMEOUT_S = RunSettings().heartbeat_timeout  # the embedded orchestrator's default
 WAIT_S = 180.0
 ORCHESTRATOR_PORT = 29400  # on its own network namespace: no other process there
 FEATURES = 8
 LEARNING_RATE = 0.05
-
-
-class EventTail:
-    """The events file, read incrementally."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.events: list[dict] = []
-        self._offset = 0
-        self._partial = b""
-
-    def poll(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return self.events
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if line.strip():
-                self.events.append(json.loads(line))
-        return self.events
-
-    def generations(self) -> list[dict]:
-        """The orchestrator's generation_start events, in order."""
-        return [e for e in self.poll() if e["event"] == ev.GENERATION_START
-                and e.get("source") == "orchestrator"]
 
 
 @dataclasses.dataclass
@@ -156,12 +124,8 @@ class ChaosJob(Job):
 
     def launcher_rss_mb(self) -> float:
         """The orchestrator's resident memory (the launcher's, with --standalone)."""
-        process = self.orchestrator or self.launchers[0]
-        with open(f"/proc/{process.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        return float("nan")
+        rss = status_mb((self.orchestrator or self.launchers[0]).proc.pid, "VmRSS")
+        return float("nan") if rss is None else rss
 
     def steps(self) -> list[dict]:
         return [r for r in self.records() if "step" in r and "done" not in r]
@@ -169,8 +133,13 @@ class ChaosJob(Job):
     def pid_of(self, node: int) -> int:
         return max((r for r in self.steps() if r["node"] == node), key=lambda r: r["t"])["pid"]
 
+    def generations(self) -> list[dict]:
+        """The orchestrator's generation_start events, in order."""
+        return [e for e in self.events.poll(ev.GENERATION_START)
+                if e.get("source") == "orchestrator"]
+
     def current(self) -> dict:
-        gens = self.events.generations()
+        gens = self.generations()
         return gens[-1] if gens else {"generation": 0, "members": []}
 
     def stepping(self, generation: int, members: list[int], steps: int) -> bool:
@@ -180,11 +149,6 @@ class ChaosJob(Job):
             if r["generation"] == generation:
                 done[r["node"]] = done.get(r["node"], 0) + 1
         return all(done.get(m, 0) >= steps for m in members)
-
-    def signal(self, pid: int, sig: int) -> None:
-        if pid <= 1 or pid not in _tagged_pids(self.tag):
-            raise RuntimeError(f"pid {pid} is not a worker of this job")
-        os.kill(pid, sig)
 
     def check_alive(self) -> None:
         for process in filter(None, (self.orchestrator, *self.launchers)):
@@ -202,26 +166,21 @@ def wait(job: ChaosJob, predicate, what: str, timeout: float = WAIT_S, check: bo
          fail: bool = True):
     """predicate()'s first true value; raises after `timeout` (returns None unless `fail`), or
     at once when a launcher exited (unless not `check`)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if check:
-            job.check_alive()
-        if time.monotonic() > deadline:
-            if not fail:
-                return None
-            raise TimeoutError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.01)
+    try:
+        return wait_until(predicate, what, timeout, interval=0.01,
+                          check=job.check_alive if check else None)
+    except TimeoutError:
+        if fail:
+            raise
+        return None
 
 
 def newcomer_joined(job: ChaosJob, after: float, members: list[int], times: int) -> int | None:
     """A node, not among `members`, with `times` node_joined events since `after`
     (1: registered, 2: asks to join)."""
     seen: dict[int, int] = {}
-    for e in job.events.poll():
-        if e["event"] == ev.NODE_JOINED and e["time"] > after and e["node"] not in members:
+    for e in job.events.poll(ev.NODE_JOINED):
+        if e["time"] > after and e["node"] not in members:
             seen[e["node"]] = seen.get(e["node"], 0) + 1
             if seen[e["node"]] >= times:
                 return e["node"]
@@ -257,7 +216,7 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
             time.sleep(rng.uniform(0.0, 0.1))
             victim = min(members)
             t0 = time.time()
-            job.signal(job.pid_of(victim), signal.SIGKILL)
+            job.send_signal(job.pid_of(victim), signal.SIGKILL)
     else:
         gen = wait(job, lambda: (lambda g: g if len(g["members"]) >= 3
                                  and job.stepping(g["generation"], g["members"], 5) else None)(
@@ -286,17 +245,17 @@ def inflict(job: ChaosJob, kind: str, rng: random.Random, step_s: float) -> Faul
             job.cuts[host] = job.cuts.get(host, 0) + 1
         elif kind == "stall":
             t0 = time.time()
-            job.signal(pid, signal.SIGSTOP)
+            job.send_signal(pid, signal.SIGSTOP)
             time.sleep(HEARTBEAT_TIMEOUT_S + 2.0)
-            job.signal(pid, signal.SIGCONT)
+            job.send_signal(pid, signal.SIGCONT)
         else:
             last = max(r["t"] for r in job.steps() if r["node"] == victim)
             wait(job, lambda: max(r["t"] for r in job.steps() if r["node"] == victim) > last,
                  "a step of the victim")
             time.sleep(rng.uniform(0.0, step_s))
             t0 = time.time()
-            job.signal(pid, signal.SIGKILL)
-    at = [g for g in job.events.generations() if g["time"] <= t0][-1]
+            job.send_signal(pid, signal.SIGKILL)
+    at = [g for g in job.generations() if g["time"] <= t0][-1]
     return Fault(kind, t0, victim, at["generation"], at["members"])
 
 
@@ -324,8 +283,7 @@ def slow_down(job: ChaosJob, kind: str, rng: random.Random) -> dict:
             hog.wait(timeout=SLOW_S + 60)
     wait(job, lambda: job.stepping(job.current()["generation"], job.current()["members"], 5),
          "training after the slow-down")
-    removals = [e for e in job.events.poll() if e["event"] == ev.FAILURE_DETECTED
-                and e["time"] >= t0]
+    removals = [e for e in job.events.poll(ev.FAILURE_DETECTED) if e["time"] >= t0]
     return {"kind": kind, "seconds": round(time.time() - t0, 1), "removals": len(removals),
             "generation_changed": job.current()["generation"] != gen["generation"]}
 
@@ -343,16 +301,16 @@ def measure(job: ChaosJob, fault: Fault) -> None:
 
     firsts = wait(job, recovered, f"recovery from {fault.kind} of node {fault.victim}")
     fault.recovery_s = max(r["t"] for r in firsts.values()) - fault.t0
-    detected = [e["time"] for e in job.events.poll()
-                if e["event"] == ev.FAILURE_DETECTED and e["time"] >= fault.t0]
+    detected = [e["time"] for e in job.events.poll(ev.FAILURE_DETECTED)
+                if e["time"] >= fault.t0]
     fault.detection_s = min(detected) - fault.t0 if detected else None
     end = max(r["t"] for r in firsts.values())
     old = [r["step"] for r in job.steps() if r["node"] in survivors
            and r["generation"] <= fault.generation]
     new_first = min(r["step"] for r in firsts.values())
     redone = max(0, max(old, default=0) - new_first + 1)
-    rolled_back = [e for e in job.events.poll() if e["event"] == ev.STATE_RESTORED
-                   and fault.t0 <= e["time"] <= end]
+    rolled_back = [e for e in job.events.poll(ev.STATE_RESTORED)
+                   if fault.t0 <= e["time"] <= end]
     fault.lost_steps = redone + max((e.get("lost_steps", 0) for e in rolled_back), default=0)
 
 
@@ -388,11 +346,6 @@ def replay(steps: int, global_batch: int, bins: int):
     return w, counts
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def plan(faults: int, stalls: int, rng: random.Random) -> list[str]:
     kinds = [KILL_KINDS[i % len(KILL_KINDS)] for i in range(faults - stalls)]
     rng.shuffle(kinds)
@@ -421,7 +374,7 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
         gen = wait(job, lambda: (lambda g: g if len(g["members"]) == workers and job.stepping(
             g["generation"], g["members"], 20) else None)(job.current()), "the job to start")
         times = sorted(r["t"] for r in job.steps() if r["node"] == gen["members"][0])
-        step_s = statistics.median(b - a for a, b in zip(times, times[1:]))
+        step_s = statistics.median(gaps(times))
         if hosts is not None:
             kinds = ["vanish"] * args.vanish
         elif args.soak:
@@ -487,7 +440,6 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
 
 def vanished_hosts(args: argparse.Namespace) -> dict | None:
     """The --vanish job on network namespaces; None (and why) where they cannot be made."""
-    sys.path.insert(0, os.path.dirname(HERE))
     from tools.netns import Hosts, NetnsUnavailable
 
     try:
@@ -569,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         args.stalls = 0
     if not 0 <= args.stalls < args.faults:
         parser.error("need 0 <= --stalls < --faults")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    exit_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="tfe-chaos-") as tmp:
         try:
             result = run(args, tmp)
@@ -601,14 +553,15 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "faults": len(faults),
         "recovery_p50_s": round(statistics.median(recovery), 4),
-        "recovery_p90_s": round(percentile(recovery, 0.9), 4),
+        "recovery_p90_s": round(nearest_rank_percentile(recovery, 90), 4),
         "recovery_max_s": round(max(recovery), 4),
         "vanished_host_s": vanished and round(max(f.recovery_s for f in vanished["faults"]), 4),
         "lost_steps_max": max(f.lost_steps for f in faults),
         "exactly_once": result["exactly_once"],
         "equal_to_replay": result["equal_to_replay"],
         "detection_p50_s": round(statistics.median(detection), 4) if detection else None,
-        "detection_p90_s": round(percentile(detection, 0.9), 4) if detection else None,
+        "detection_p90_s": (round(nearest_rank_percentile(detection, 90), 4) if detection
+                            else None),
         "detection_max_s": round(max(detection), 4) if detection else None,
         "stall_recovery_max_s": round(max(f.recovery_s for f in stalls), 4) if stalls else None,
         "hangs": result["hangs"],

@@ -40,64 +40,13 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from recovery import WAIT_S, WORKER, Process, _env, _free_port  # noqa: E402
+from harness import (WAIT_S, Job, LauncherProcess, Process, exit_on_sigterm, free_port,
+                     tf_config, wait_until)
+from recovery import WORKER
 
 STEPS = 1_000_000  # runs are stopped after the measurement
-TAG_ENV = "TFE_BENCH_TAG"  # marks every process a job started, so teardown finds all of them
 KINDS = ("inprocess", "restart", "stock")
-
-
-class LauncherProcess(Process):
-    """tfelastic-run: the workers' JSON step lines arrive prefixed with "[node N] "."""
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            _, _, rest = line.partition("] ")
-            if line.startswith("[") and rest.startswith("{"):
-                self.records.append(json.loads(rest))
-
-
-def _tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries this job's tag: only ones the job started."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (0, 1, os.getpid()):
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"{TAG_ENV}={tag}".encode() in f.read().split(b"\0"):
-                    found.append(int(entry))
-        except OSError:
-            pass
-    return found
-
-
-class Job:
-    """A training job of one kind; ``records()`` are the step lines of all its workers so far."""
-
-    def __init__(self):
-        self.tag = uuid.uuid4().hex
-        self.env = _env({TAG_ENV: self.tag})
-
-    def records(self) -> list[dict]:
-        raise NotImplementedError
-
-    def kill_worker(self, pid: int) -> None:
-        """SIGKILL to one of this job's workers (a positive pid carrying the job's tag)."""
-        if pid <= 1 or pid not in _tagged_pids(self.tag):
-            raise RuntimeError(f"pid {pid} is not a worker of this job")
-        os.kill(pid, signal.SIGKILL)
-
-    def close(self) -> None:
-        for pid in _tagged_pids(self.tag):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 class LauncherJob(Job):
@@ -129,7 +78,7 @@ class StockJob(Job):
 
     def __init__(self, workers: int, tmp: str, poll_s: float, save_every: int):
         super().__init__()
-        self.cluster = {"worker": [f"127.0.0.1:{_free_port()}" for _ in range(workers)]}
+        self.addresses = [f"127.0.0.1:{free_port()}" for _ in range(workers)]
         self.argv = [sys.executable, WORKER, "--mode", "mwms", "--steps", str(STEPS),
                      "--backup_dir", os.path.join(tmp, "backup"), "--save_every", str(save_every)]
         self.poll_s = poll_s
@@ -141,10 +90,9 @@ class StockJob(Job):
 
     def _start_group(self) -> list[Process]:
         group = []
-        for index in range(len(self.cluster["worker"])):
-            tf_config = json.dumps({"cluster": self.cluster,
-                                    "task": {"type": "worker", "index": index}})
-            group.append(Process(self.argv, dict(self.env, TF_CONFIG=tf_config)))
+        for index in range(len(self.addresses)):
+            group.append(Process(self.argv, dict(self.env,
+                                                 TF_CONFIG=tf_config(self.addresses, index))))
         self.started += group
         return group
 
@@ -167,14 +115,6 @@ class StockJob(Job):
         super().close()
 
 
-def _wait(predicate, what: str, timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
-
 def scenario(kind: str, args: argparse.Namespace, tmp: str) -> dict:
     """One crash: warm up, SIGKILL a non-chief worker, wait for recovery; its measurements."""
     os.makedirs(tmp)
@@ -189,10 +129,10 @@ def scenario(kind: str, args: argparse.Namespace, tmp: str) -> dict:
         def warm() -> bool:
             return len({r["pid"] for r in job.records() if r["step"] >= kill_step}) >= args.workers
 
-        _wait(warm, f"{kill_step} steps on {args.workers} workers")
+        wait_until(warm, f"{kill_step} steps on {args.workers} workers")
         newest = max(job.records(), key=lambda r: (r["node"], r["t"]))
         t0 = time.time()
-        job.kill_worker(newest["pid"])
+        job.send_signal(newest["pid"], signal.SIGKILL)
         time.sleep(0.5)  # step lines printed before the kill have arrived by now
         before = [r for r in job.records() if r["t"] <= t0]
         seen = {(r["pid"], r["generation"]) for r in before}
@@ -201,13 +141,17 @@ def scenario(kind: str, args: argparse.Namespace, tmp: str) -> dict:
             return [r for r in job.records()
                     if r["t"] > t0 and (r["pid"], r["generation"]) not in seen]
 
-        _wait(after, "the first step after the failure")
+        wait_until(after, "the first step after the failure")
         first = min(after(), key=lambda r: r["t"])
-        _wait(lambda: max(r["step"] for r in after()) >= first["step"] + 10,
+        wait_until(lambda: max(r["step"] for r in after()) >= first["step"] + 10,
               "10 more steps after the recovery")
         last = max(r["step"] for r in before)
-        step_s = statistics.median(b["t"] - a["t"] for a, b in zip(before, before[1:])
-                                   if a["pid"] == b["pid"] and b["step"] == a["step"] + 1)
+        # Each worker's own consecutive steps: the launcher interleaves the workers' lines.
+        by_pid: dict[int, list[dict]] = {}
+        for r in before:
+            by_pid.setdefault(r["pid"], []).append(r)
+        step_s = statistics.median(b["t"] - a["t"] for lines in by_pid.values()
+                                   for a, b in zip(lines, lines[1:]) if b["step"] == a["step"] + 1)
         return {"recovery_s": first["t"] - t0, "lost_steps": max(0, last - first["step"] + 1),
                 "last_step": last, "first_step": first["step"], "step_s": step_s}
     finally:
@@ -228,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
-    # On SIGTERM, unwind through the jobs' close() so that no process of ours outlives us.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    exit_on_sigterm()
     results: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     with tempfile.TemporaryDirectory(prefix="tfe-compare-") as tmp:
         for repeat in range(args.repeats):

@@ -16,60 +16,44 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+from harness import REPO, Orchestrator, Process, child_env, exit_on_sigterm, gaps, wait_until
 
-from tensorflow_elastic.observability import events  # noqa: E402
-from tools.etcd_server import EtcdServer  # noqa: E402
+from tensorflow_elastic.observability import events
+from tools.etcd_server import EtcdServer
 
-WORKER = os.path.join(REPO_ROOT, "tests", "strategy", "elastic_worker.py")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH")) if p)
-    return env
+WORKER = os.path.join(REPO, "tests", "strategy", "elastic_worker.py")
 
 
-def _replica(url: str, ttl: int, events_file: str) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port", "0", "--store", url,
-         "--leader_ttl", str(ttl), "--heartbeat_timeout", "5", "--last_call", "1",
-         "--events_file", events_file], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=_env())
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError("an orchestrator replica did not start")
-    return proc, line.split()[-1]
+def _replica(url: str, ttl: int, events_file: str) -> Orchestrator:
+    return Orchestrator("--store", url, "--leader_ttl", str(ttl), "--heartbeat_timeout", "5",
+                        "--last_call", "1", "--events_file", events_file)
 
 
-class _Worker:
+class _Worker(Process):
+    """A worker whose step lines are kept as (arrival on this script's monotonic clock, step)."""
+
     def __init__(self, endpoints: str, steps: int, step_sleep: float):
-        self.proc = subprocess.Popen(
-            [sys.executable, WORKER, str(steps), str(step_sleep)], stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True,
-            env=dict(_env(), TFE_RDZV_ENDPOINT=endpoints, TFE_RUN_ID="bench",
-                     TFE_MIN_NODES="2", TFE_MAX_NODES="3"))
         self.steps: list[tuple[float, int]] = []
-        threading.Thread(target=self._read, daemon=True).start()
+        super().__init__([sys.executable, WORKER, str(steps), str(step_sleep)],
+                         child_env("2", TFE_RDZV_ENDPOINT=endpoints, TFE_RUN_ID="bench",
+                                   TFE_MIN_NODES="2", TFE_MAX_NODES="3"))
 
     def _read(self) -> None:
         for line in self.proc.stdout:
             if line.startswith('{"node"'):
                 self.steps.append((time.monotonic(), json.loads(line)["step"]))
 
+    def last_step(self) -> int:
+        return self.steps[-1][1] if self.steps else 0
+
 
 def _longest_gap(times: list[float]) -> float:
-    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+    return max(gaps(times), default=0.0)
 
 
 def one_run(args: argparse.Namespace, tmp: str) -> dict:
@@ -80,16 +64,18 @@ def one_run(args: argparse.Namespace, tmp: str) -> dict:
         replicas.append(_replica(etcd.url, args.leader_ttl, events_file))
         time.sleep(1.0)  # the first one leads
         replicas += [_replica(etcd.url, args.leader_ttl, events_file) for _ in range(2)]
-        endpoints = ",".join(e for _, e in replicas)
+        endpoints = ",".join(r.endpoint for r in replicas)
         workers = [_Worker(endpoints, args.steps, args.step_sleep) for _ in range(3)]
-        deadline = time.monotonic() + 300
-        while min((w.steps[-1][1] if w.steps else 0) for w in workers) < args.kill_at:
-            if time.monotonic() > deadline or any(w.proc.poll() is not None for w in workers):
+
+        def check() -> None:
+            if any(w.proc.poll() is not None for w in workers):
                 raise RuntimeError("the workers did not reach --kill_at")
-            time.sleep(0.01)
+
+        wait_until(lambda: min(w.last_step() for w in workers) >= args.kill_at, "--kill_at",
+                   interval=0.01, check=check)
         killed_at = time.monotonic()
         killed_wall = time.time()
-        replicas[0][0].kill()
+        replicas[0].proc.kill()
         for w in workers:
             if w.proc.wait(timeout=300) != 0:
                 raise RuntimeError("a worker failed")
@@ -103,14 +89,8 @@ def one_run(args: argparse.Namespace, tmp: str) -> dict:
                 "longest_stall_before_kill_s": round(max(before), 3),
                 "steps": [w.steps[-1][1] for w in workers]}
     finally:
-        for w in workers:
-            if w.proc.poll() is None:
-                w.proc.kill()
-            w.proc.wait(timeout=30)
-        for proc, _ in replicas:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(timeout=30)
+        for process in (*workers, *replicas):
+            process.stop()
         etcd.stop()
 
 
@@ -123,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kill_at", type=int, default=40)
     parser.add_argument("--leader_ttl", type=int, default=1)
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    exit_on_sigterm()
     results = []
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:

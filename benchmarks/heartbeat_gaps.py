@@ -32,7 +32,8 @@ import sys
 import tempfile
 import time
 
-from recovery import WAIT_S, Orchestrator, elastic_workers
+from harness import WAIT_S, percentile
+from recovery import elastic_workers, start_orchestrator
 
 from tensorflow_elastic.observability.events import FAILURE_DETECTED, read_events
 from tensorflow_elastic.rendezvous import Client
@@ -44,11 +45,6 @@ POLL_S = 0.1
 def _burn() -> None:
     while True:
         pass
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     burners = [mp.Process(target=_burn, daemon=True) for _ in range(args.burners)]
     for b in burners:
         b.start()
-    orchestrator = Orchestrator(heartbeat_timeout=args.heartbeat_timeout)
+    orchestrator = start_orchestrator(heartbeat_timeout=args.heartbeat_timeout)
     tmp = tempfile.mkdtemp(prefix="tfe-gaps-")
     events_file = os.path.join(tmp, "events.jsonl")
     flags = ("--pause_every", str(args.pause_every), "--pause_s", str(args.pause_s),
@@ -111,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "heartbeat_timeout_s": args.heartbeat_timeout, "burners": args.burners, "pause": pause,
         "silent_p50_s": round(statistics.median(silences), 3),
-        "silent_p99_s": round(_percentile(silences, 99), 3),
+        "silent_p99_s": round(percentile(silences, 99), 3),
         "silent_max_s": round(max(silences), 3), "false_removals": len(removals),
         "steps_per_s": round(steps / args.workers / elapsed, 1)}))
     return 0

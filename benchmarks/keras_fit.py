@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
-import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import Orchestrator, child_env, end, free_port, tf_config
+
 WORKERS = 2
 
 
@@ -79,48 +78,22 @@ def _train(kind: str, epochs: int, examples: int, global_batch: int) -> None:
     os._exit(0)
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
-    env.pop("TFE_EVENTS_FILE", None)
-    return env
+def _env(**extra: str) -> dict[str, str]:
+    return child_env("2", unset=("TFE_EVENTS_FILE",), TF_USE_LEGACY_KERAS="1", **extra)
 
 
 def _run(kind: str, args: argparse.Namespace, timeout: float = 600.0) -> float:
     """Steps/s of one job of `kind`; every process it starts is ended before it returns."""
-    extra: list[subprocess.Popen] = []
-    envs = []
+    orchestrator = None
     if kind == "elastic":
-        orchestrator = subprocess.Popen(
-            [sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host", "127.0.0.1",
-             "--port", "0", "--last_call", "1"], stdout=subprocess.PIPE, text=True, env=_env())
-        extra.append(orchestrator)
-        line = ""
-        deadline = time.monotonic() + 30
-        while "listening on " not in line and time.monotonic() < deadline:
-            line = orchestrator.stdout.readline()
-        endpoint = "127.0.0.1:" + line.rsplit(":", 1)[1].strip()
-        # Keep reading what it prints, so that a full pipe never blocks it.
-        threading.Thread(target=orchestrator.stdout.read, daemon=True).start()
+        orchestrator = Orchestrator("--last_call", "1", env=_env())
         run_id = f"bench-{time.time()}"  # one job: the same run id for every worker
-        envs = [dict(_env(), TFE_RDZV_ENDPOINT=endpoint, TFE_RUN_ID=run_id,
+        envs = [_env(TFE_RDZV_ENDPOINT=orchestrator.endpoint, TFE_RUN_ID=run_id,
                      TFE_MIN_NODES=str(WORKERS), TFE_MAX_NODES=str(WORKERS))
                 for _ in range(WORKERS)]
     else:
-        workers = [f"127.0.0.1:{p}" for p in _free_ports(WORKERS)]
-        envs = [dict(_env(), TF_CONFIG=json.dumps({"cluster": {"worker": workers},
-                                                   "task": {"type": "worker", "index": i}}))
-                for i in range(WORKERS)]
+        workers = [f"127.0.0.1:{free_port()}" for _ in range(WORKERS)]
+        envs = [_env(TF_CONFIG=tf_config(workers, i)) for i in range(WORKERS)]
     command = [sys.executable, os.path.abspath(__file__), "--worker", kind,
                "--epochs", str(args.epochs), "--examples", str(args.examples),
                "--global_batch", str(args.global_batch)]
@@ -129,10 +102,10 @@ def _run(kind: str, args: argparse.Namespace, timeout: float = 600.0) -> float:
     try:
         outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     finally:
-        for p in procs + extra:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+        for p in procs:
+            end(p)
+        if orchestrator is not None:
+            orchestrator.stop()
     for p, out in zip(procs, outputs):
         if p.returncode != 0:
             raise RuntimeError(f"a {kind} worker exited with {p.returncode}: {out[-2000:]}")

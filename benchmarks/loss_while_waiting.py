@@ -25,7 +25,8 @@ import sys
 import tempfile
 import time
 
-from recovery import Orchestrator, Process, elastic_workers
+from harness import Process
+from recovery import elastic_workers, start_orchestrator
 
 from tensorflow_elastic.observability.events import GENERATION_START, read_events
 
@@ -33,7 +34,7 @@ STEPS = 40
 
 
 def one_loss(workers: int, tmp: str, repeat: int) -> tuple[float, float]:
-    orchestrator = Orchestrator(heartbeat_timeout=10.0)
+    orchestrator = start_orchestrator(heartbeat_timeout=10.0)
     events_file = os.path.join(tmp, f"loss-{repeat}.jsonl")
     run_id = f"loss-{repeat}"
     started: list[Process] = []

@@ -37,24 +37,15 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from harness import Orchestrator, cpu_seconds, exit_on_sigterm, percentile
+
+from tensorflow_elastic.rendezvous.settings import HEARTBEAT_INTERVAL_S, RunSettings
+
 RUN_ID = "bench"
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-sys.path.insert(0, REPO_ROOT)
-from tensorflow_elastic.rendezvous.settings import (  # noqa: E402
-    HEARTBEAT_INTERVAL_S, RunSettings)
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float) -> None:
@@ -158,34 +149,13 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
 
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float) -> None:
-    sys.path.insert(0, REPO_ROOT)
     asyncio.run(_simulate(conn, endpoint, indices, nodes, interval))
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
-def _start_orchestrator(heartbeat_timeout: float, *flags: str) -> tuple[subprocess.Popen, str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (REPO_ROOT, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host", "127.0.0.1",
-         "--port", "0", "--heartbeat_timeout", str(heartbeat_timeout), "--last_call", "600",
-         *flags],
-        stdout=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if line.startswith("listening on "):
-            return proc, "127.0.0.1:" + line.strip().rsplit(":", 1)[1]
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    raise RuntimeError("the orchestrator did not start")
+def _start_orchestrator(heartbeat_timeout: float, *flags: str) -> Orchestrator:
+    """An orchestrator that never ends a rendezvous early (a long last call)."""
+    return Orchestrator("--heartbeat_timeout", str(heartbeat_timeout), "--last_call", "600",
+                        *flags, quiet=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,43 +182,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--leader_ttl", type=int, default=1,
                         help="--store etcd: the replicas' --leader_ttl (default: %(default)s)")
     args = parser.parse_args(argv)
-    # On SIGTERM, unwind through the finally below so that no child outlives us.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    exit_on_sigterm()
     if args.endpoint:
         result = _scale(args, args.endpoint)
     elif args.store == "etcd":
         result = _compare_stores(args)
     else:
-        server, endpoint = _start_orchestrator(args.heartbeat_timeout)
+        server = _start_orchestrator(args.heartbeat_timeout)
         try:
-            result = _scale(args, endpoint, server)
+            result = _scale(args, server.endpoint, server)
         finally:
-            _end(server)
+            server.stop()
     print(json.dumps(result))
     return 0
-
-
-def _end(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(timeout=30)
 
 
 def _compare_stores(args: argparse.Namespace) -> dict:
     """The file store (one orchestrator, --state_dir) and etcd (two replicas) in one run, then
     the etcd leader killed -9: failover = from the kill to the first call that succeeds
     through the new leader (a client given both replicas, as workers are)."""
-    sys.path.insert(0, REPO_ROOT)
     from tensorflow_elastic.rendezvous import Client
     from tools.etcd_server import EtcdServer
 
     with tempfile.TemporaryDirectory() as tmp:
-        server, endpoint = _start_orchestrator(args.heartbeat_timeout, "--state_dir",
-                                               os.path.join(tmp, "state"))
+        server = _start_orchestrator(args.heartbeat_timeout, "--state_dir",
+                                     os.path.join(tmp, "state"))
         try:
-            file_result = _scale(args, endpoint, server)
+            file_result = _scale(args, server.endpoint, server)
         finally:
-            _end(server)
+            server.stop()
         etcd = EtcdServer(os.path.join(tmp, "etcd")).start()
         replicas = []
         try:
@@ -256,18 +218,18 @@ def _compare_stores(args: argparse.Namespace) -> dict:
             replicas.append(_start_orchestrator(args.heartbeat_timeout, *flags))
             time.sleep(1.0)  # the first one takes the lead
             replicas.append(_start_orchestrator(args.heartbeat_timeout, *flags))
-            etcd_result = _scale(args, replicas[0][1], replicas[0][0])
-            endpoints = ",".join(e for _, e in replicas)
+            etcd_result = _scale(args, replicas[0].endpoint, replicas[0])
+            endpoints = ",".join(r.endpoint for r in replicas)
             with Client(endpoints, RUN_ID, retry_timeout=60) as client:
                 client.status()
                 killed_at = time.monotonic()
-                replicas[0][0].kill()
+                replicas[0].proc.kill()
                 client.status()
                 etcd_result["failover_s"] = round(time.monotonic() - killed_at, 4)
                 etcd_result["new_leader"] = client.current_endpoint
         finally:
-            for proc, _ in replicas:
-                _end(proc)
+            for replica in replicas:
+                replica.stop()
             etcd.stop()
     print(f"file store: {json.dumps(file_result)}", flush=True)
     print(f"etcd store: {json.dumps(etcd_result)}", flush=True)
@@ -275,7 +237,7 @@ def _compare_stores(args: argparse.Namespace) -> dict:
 
 
 def _scale(args: argparse.Namespace, endpoint: str,
-           server: subprocess.Popen | None = None) -> dict:
+           server: Orchestrator | None = None) -> dict:
     """Joins, steady heartbeats and a re-form after one node's death, against ``endpoint``
     (``server``: its process, whose CPU use is measured)."""
     processes = args.processes or min(4, max(1, args.nodes // 250))
@@ -302,13 +264,13 @@ def _scale(args: argparse.Namespace, endpoint: str,
         for c in conns:
             assert c.recv() == "running"
         time.sleep(2 * args.heartbeat_interval)  # warm up: every node heartbeats and watches
-        cpu_before = None if server is None else (_cpu_seconds(server.pid), time.monotonic())
+        cpu_before = None if server is None else (cpu_seconds(server.proc.pid), time.monotonic())
         for c in conns:
             c.send("measure")
         time.sleep(args.measure_s)
         replies = broadcast("stop_measure")
         cpu = None if cpu_before is None else round(
-            (_cpu_seconds(server.pid) - cpu_before[0]) / (time.monotonic() - cpu_before[1]), 3)
+            (cpu_seconds(server.proc.pid) - cpu_before[0]) / (time.monotonic() - cpu_before[1]), 3)
         if any(early for _, early, _ in replies):
             failed = [e for _, _, errors in replies for e in errors]
             raise RuntimeError(f"a node was declared dead before the kill: heartbeats were "
@@ -337,8 +299,8 @@ def _scale(args: argparse.Namespace, endpoint: str,
             if w.is_alive():
                 w.kill()
     return {"nodes": args.nodes, "rendezvous_s": round(rendezvous_s, 4),
-            "heartbeat_p50_ms": round(_percentile(latencies, 50), 3),
-            "heartbeat_p99_ms": round(_percentile(latencies, 99), 3),
+            "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
+            "heartbeat_p99_ms": round(percentile(latencies, 99), 3),
             "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
             "reform_after_kill_s": round(reform_s, 4), "detected_by": detected_by}
 

@@ -24,17 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+from harness import HERE, child_env, end, free_port
 
-from tensorflow_elastic.ps.config import POLICIES, SYNCH  # noqa: E402
+from tensorflow_elastic.ps.config import POLICIES, SYNCH
 
 TASK = os.path.join(HERE, "ps_task.py")
 RUN_TIMEOUT_S = 600.0
@@ -46,23 +44,12 @@ def log(message: str) -> None:
 
 
 def free_address() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{s.getsockname()[1]}"
-
-
-def env() -> dict[str, str]:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = os.pathsep.join(p for p in (os.path.dirname(HERE), e.get("PYTHONPATH"))
-                                      if p)
-    e["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    e.pop("TFE_EVENTS_FILE", None)
-    return e
+    return f"127.0.0.1:{free_port()}"
 
 
 def start(role: str, address: str, *args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, TASK, role, "--address", address, *args],
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            env=child_env("2", unset=("TFE_EVENTS_FILE",)), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
 
 
@@ -79,8 +66,7 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> None:
         try:
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            end(proc)
 
 
 def run_policy(policy: str, args: argparse.Namespace, workdir: str) -> dict:

@@ -36,27 +36,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
-import random
 import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-WORKER = os.path.join(HERE, "recovery_worker.py")
-WAIT_S = 300.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+from harness import WAIT_S, Orchestrator, Process, child_env, free_port, gaps, tf_config
 
-sys.path.insert(0, REPO)
-from tensorflow_elastic.observability.events import (STATE_RESTORED, STATE_SYNCED,  # noqa: E402
-                                                     read_events)
+from tensorflow_elastic.observability.events import STATE_RESTORED, STATE_SYNCED, read_events
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recovery_worker.py")
 
 
 class Settings(NamedTuple):
@@ -82,143 +75,26 @@ def model_flags(model: str, snapshot_every: int = 1) -> tuple[str, ...]:
             "--snapshot_every", str(snapshot_every))
 
 
-def _env(extra: dict[str, str]) -> dict[str, str]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
-    return env
-
-
-_handed_out: set[int] = set()
-
-
-def _ephemeral_ports_start() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _free_port() -> int:
-    """A free loopback port below the ephemeral range, for a stock worker's TF_CONFIG.
-
-    A stock worker binds its port seconds later, after importing TensorFlow; a
-    port from the ephemeral range may by then be the local end of some
-    connection (another group's workers connect to each other meanwhile), and
-    the cluster never forms. Below the range only an explicit bind takes a port.
-    """
-    start = _ephemeral_ports_start()
-    for _ in range(1000):
-        port = random.randrange(max(1024, start - 10000), start)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free port found below the ephemeral range (from {start})")
-
-
-class Process:
-    """A child process whose JSON stdout lines are collected with their arrival order."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]):
-        self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, env=env, cwd=REPO)
-        self.records: list[dict] = []
-        self.lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.put(line)
-            if line.startswith("{"):
-                self.records.append(json.loads(line))
-
-    def wait_for(self, predicate, what: str, timeout: float = WAIT_S,
-                 peers: Sequence["Process"] = ()) -> None:
-        """Waits until `predicate()`; fails at once if this process or one of `peers` (the
-        workers it trains with) exited, and after `timeout` with the end of its stderr."""
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out waiting for {what}; the end of the stderr of pid "
-                                   f"{self.proc.pid}:\n{self.stderr_tail()}")
-            for p in (self, *peers):
-                if p.proc.poll() is not None and not predicate():
-                    raise RuntimeError(f"pid {p.proc.pid} exited ({p.proc.returncode}) before "
-                                       f"{what}; the end of its stderr:\n{p.stderr_tail()}")
-            time.sleep(0.02)
-
-    def stderr_tail(self, lines: int = 20) -> str:
-        self._stderr.seek(0)
-        return "".join(self._stderr.readlines()[-lines:])
-
-    def send(self, line: str) -> None:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def cpu_seconds(self) -> float:
-        """User plus system CPU time of all the process's threads so far (Linux /proc)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-    def peak_rss_mb(self) -> float:
-        """The process's peak resident memory so far (VmHWM)."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-        raise RuntimeError(f"no VmHWM in /proc/{self.proc.pid}/status")
-
-    def last_step(self) -> int:
-        return self.records[-1]["step"] if self.records else 0
-
-    def stop(self, sig: int = signal.SIGKILL) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, sig)
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-
-class Orchestrator(Process):
-    def __init__(self, heartbeat_timeout: float = 5.0):
-        super().__init__([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--host",
-                          "127.0.0.1", "--port", "0", "--last_call", "0.5",
-                          "--heartbeat_timeout", str(heartbeat_timeout)], _env({}))
-        deadline = time.monotonic() + 60
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line.startswith("listening on "):
-                self.endpoint = line.split()[-1]
-                return
+def start_orchestrator(heartbeat_timeout: float = 5.0) -> Orchestrator:
+    """The orchestrator of these workers: a last call of 0.5 s, the given heartbeat timeout."""
+    return Orchestrator("--last_call", "0.5", "--heartbeat_timeout", str(heartbeat_timeout))
 
 
 def elastic_workers(orchestrator: Orchestrator, count: int, run_id: str, steps: int,
                     min_nodes: int, max_nodes: int, events_file: str,
                     flags: tuple[str, ...] = ()) -> list[Process]:
-    env = _env({"TFE_RDZV_ENDPOINT": orchestrator.endpoint, "TFE_RUN_ID": run_id,
-                "TFE_MIN_NODES": str(min_nodes), "TFE_MAX_NODES": str(max_nodes),
-                "TFE_EVENTS_FILE": events_file})
+    env = child_env(TFE_RDZV_ENDPOINT=orchestrator.endpoint, TFE_RUN_ID=run_id,
+                    TFE_MIN_NODES=str(min_nodes), TFE_MAX_NODES=str(max_nodes),
+                    TFE_EVENTS_FILE=events_file)
     return [Process([sys.executable, WORKER, "--mode", "elastic", "--steps", str(steps), *flags],
                     env) for _ in range(count)]
 
 
 def stock_workers(count: int, steps: int,
                   flags: tuple[str, ...] = ()) -> list[Process]:
-    ports = [_free_port() for _ in range(count)]
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(count)]
     return [Process([sys.executable, WORKER, "--mode", "mwms", "--steps", str(steps), *flags],
-                    _env({"TF_CONFIG": json.dumps({"cluster": cluster,
-                                                   "task": {"type": "worker", "index": i}})}))
+                    child_env(TF_CONFIG=tf_config(addresses, i)))
             for i in range(count)]
 
 
@@ -226,8 +102,7 @@ def step_gaps(records: list[dict], since: float) -> list[float]:
     """Gaps between consecutive steps from the last step before `since` on."""
     times = [r["t"] for r in records]
     start = max([i for i, t in enumerate(times) if t < since], default=0)
-    times = times[start:]
-    return [b - a for a, b in zip(times, times[1:])]
+    return gaps(times[start:])
 
 
 def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, float]:
@@ -244,12 +119,11 @@ def run_block(group: list[Process], steps: int, skip: int = 5) -> tuple[float, f
     for p in group:
         p.wait_for(lambda p=p: p.last_step() >= first + steps, "a block of steps", peers=group)
     cpu_per_step = (sum(p.cpu_seconds() for p in group) - cpu_before) / (len(group) * steps)
-    gaps = []
+    intervals = []
     skip = min(skip, steps // 3)  # short blocks (large models) keep most of their steps
     for p in group:
-        times = [r["t"] for r in p.records if r["step"] > first][skip:]
-        gaps += [b - a for a, b in zip(times, times[1:])]
-    return statistics.median(gaps), cpu_per_step
+        intervals += gaps([r["t"] for r in p.records if r["step"] > first][skip:])
+    return statistics.median(intervals), cpu_per_step
 
 
 class Steady(NamedTuple):
@@ -271,7 +145,7 @@ def steady_state(workers: int, pairs: int, model: str, tmp: str, control: bool =
     always runs first or right after the same other one.
     """
     settings = SETTINGS[model]
-    orchestrator = Orchestrator()
+    orchestrator = start_orchestrator()
     flags = ("--blocks", *model_flags(model, snapshot_every))
     groups = {"stock": stock_workers(workers, 10**9, flags),
               "elastic": elastic_workers(orchestrator, workers, "steady", 10**9, workers,
@@ -317,7 +191,7 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
                snapshot_every: int = 1) -> dict:
     """One crash, growth or leave scenario; returns its measurements."""
     settings = SETTINGS[model]
-    orchestrator = Orchestrator()
+    orchestrator = start_orchestrator()
     events_file = os.path.join(tmp, f"{kind}-{repeat}.jsonl")
     initial = workers - 1 if kind == "growth" else workers
     flags = model_flags(model, snapshot_every)

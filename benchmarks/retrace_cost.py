@@ -9,17 +9,23 @@ MLP step of benchmarks/recovery_worker.py and for a Keras 3 train function.
 Last line JSON: {"mlp_retrace_s": ..., "keras_retrace_s": ...} (medians).
 """
 
+import argparse
 import json
 import os
 import statistics
-import sys
-import time
+
+from harness import durations
+
+parser = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("repeats", nargs="?", type=int, default=5,
+                    help="measurements of each function (default 5)")
+REPEATS = parser.parse_args().repeats
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-REPEATS = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 strategy = tf.distribute.MultiWorkerMirroredStrategy()
 rng = np.random.RandomState(0)
 x = tf.constant(rng.randn(48, 32).astype(np.float32))
@@ -28,15 +34,8 @@ y = tf.constant((rng.randn(48, 1) > 0).astype(np.float32))
 
 def first_call_minus_steady(make_function, call) -> float:
     fn = make_function()
-    start = time.perf_counter()
-    call(fn)
-    first = time.perf_counter() - start
-    steady = []
-    for _ in range(20):
-        start = time.perf_counter()
-        call(fn)
-        steady.append(time.perf_counter() - start)
-    return first - statistics.median(steady)
+    first = durations(lambda: call(fn), 1)[0]
+    return first - statistics.median(durations(lambda: call(fn), 20))
 
 
 with strategy.scope():

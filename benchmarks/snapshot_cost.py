@@ -30,7 +30,8 @@ import os
 import statistics
 import subprocess
 import sys
-import time
+
+from harness import durations, status_mb
 
 import tensorflow as tf
 from tensorflow.python.eager import context, execute
@@ -48,20 +49,11 @@ SIZES = {
 
 def _rss_mb() -> float:
     """This process's resident memory now (VmRSS)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    return status_mb("self", "VmRSS")
 
 
 def _median_us(run, iterations: int) -> float:
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e6
+    return statistics.median(durations(run, iterations)) * 1e6
 
 
 def measure(shapes, iterations: int, blocks: int) -> dict[str, float]:
