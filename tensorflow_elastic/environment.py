@@ -23,6 +23,7 @@ LOCAL_RANK = "TFE_LOCAL_RANK"           # the worker's slot in its agent
 RESTART_COUNT = "TFE_RESTART_COUNT"     # how often the agent restarted its workers
 NODE_ID = "TFE_NODE_ID"                 # restart mode: the worker's permanent id
 GENERATION = "TFE_GENERATION"           # restart mode: the generation it starts in
+NODE_FILE = "TFE_NODE_FILE"             # in-process mode: where the worker tells its agent its id
 ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exception
 
 # ---- what a worker reports and how patient it is

@@ -4,15 +4,19 @@ A script that calls ``tensorflow_elastic.init()`` joins the orchestrator
 itself (one node per process) and re-forms inside the running processes, so
 the agent never restarts a worker for a membership change. It restarts a
 worker only when the process died; the new process joins as a new node with
-a new address. The agent learns each worker's node id from the
-orchestrator's status (by the address it gave the worker), to prefix output
-and name failures.
+a new address. Each worker tells the agent its node id and generation in a
+file the agent names (membership/node_file.py), to prefix output and name
+failures; only a worker that died before it wrote one is looked up at the
+orchestrator, by the address the agent gave it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import socket
+import tempfile
 import time
 
 from tensorflow_elastic import environment
@@ -20,6 +24,7 @@ from tensorflow_elastic.launch.decision import Scope
 from tensorflow_elastic.launch.mode import View, WorkerLaunch
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.spec import WorkerSpec
+from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.rendezvous import Phase
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN, RendezvousError
 
@@ -43,10 +48,12 @@ class InProcessElasticity:
         for slot in range(spec.nproc_per_node):
             address, self._held[slot] = ports.held_address()
             self._addresses.append(address)
-        self._node_ids: dict[str, int] = {}
+        # Where each slot's current worker writes its node id (a new file per start).
+        self._node_files_dir = tempfile.mkdtemp(prefix="tfe-nodes-")
+        self._node_files: list[str] = [""] * spec.nproc_per_node
+        self._starts = 0
+        self._looked_up: dict[int, int] = {}
         self._status_client = spec.orchestrator_client(retry_timeout=5.0)
-        self._generation = 0
-        self._world_size = 0
 
     def launch(self, slot: int) -> WorkerLaunch:
         """The worker inherits the socket holding its port, and the agent lets go of it; a
@@ -54,7 +61,11 @@ class InProcessElasticity:
         if slot not in self._held:
             self._addresses[slot], self._held[slot] = self._ports.held_address()
         held = self._held.pop(slot)
-        env = {environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
+        self._starts += 1
+        self._node_files[slot] = os.path.join(self._node_files_dir, f"slot{slot}-{self._starts}")
+        self._looked_up.pop(slot, None)
+        env = {environment.NODE_FILE: self._node_files[slot],
+               environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
                environment.ADDRESS: self._addresses[slot],
                environment.ADDRESS_FD: str(held.fileno()),
                environment.MIN_NODES: str(self.spec.min_nodes),
@@ -70,30 +81,35 @@ class InProcessElasticity:
         """Nothing to join here: each worker joins when it calls ``tensorflow_elastic.init()``."""
 
     def observe(self) -> View:
-        """Learns node ids of new workers and the current generation (best effort)."""
-        self._refresh()
-        return View(tuple(self._node_id(slot) for slot in range(len(self._addresses))),
-                    self._generation, self._world_size)
+        """The slots' node ids and the newest generation their workers have told of."""
+        records = [node_file.read(path) if path else None for path in self._node_files]
+        newest = max((r for r in records if r is not None), key=lambda r: r.generation,
+                     default=None)
+        return View(tuple(self._node_id(slot, record) for slot, record in enumerate(records)),
+                    0 if newest is None else newest.generation,
+                    0 if newest is None else newest.world_size)
 
-    def _refresh(self) -> None:
+    def _node_id(self, slot: int, record: node_file.NodeRecord | None) -> int | None:
+        return record.node_id if record is not None else self._looked_up.get(slot)
+
+    def _look_up(self, slot: int) -> int | None:
+        """The node id of a slot whose worker wrote none (it died right after it registered),
+        by the address the agent gave it."""
         try:
             runs = self._status_client.status()
         except RendezvousError:
-            return
+            return None
         for run in runs:
-            self._generation = run.membership.generation
-            self._world_size = run.membership.world_size
             for node in run.nodes:
-                self._node_ids.setdefault(node.address, node.node_id)
-
-    def _node_id(self, slot: int) -> int | None:
-        return self._node_ids.get(self._addresses[slot])
+                if node.address == self._addresses[slot]:
+                    self._looked_up[slot] = node.node_id
+                    return node.node_id
+        return None
 
     def report_death(self, slot: int, cause: str) -> int | None:
         """Tells the orchestrator that the slot's node died, so its peers re-form at once."""
-        if self._node_id(slot) is None:
-            self._refresh()  # it may have registered since the last look
-        node_id = self._node_id(slot)
+        record = node_file.read(self._node_files[slot]) if self._node_files[slot] else None
+        node_id = record.node_id if record is not None else self._look_up(slot)
         if node_id is None:
             return None  # it died before it registered: nobody waits for it
         try:
@@ -132,3 +148,4 @@ class InProcessElasticity:
             held.close()
         self._held.clear()
         self._status_client.close()
+        shutil.rmtree(self._node_files_dir, ignore_errors=True)

@@ -24,6 +24,7 @@ from typing import Callable
 
 from tensorflow_elastic import environment
 from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded
+from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.membership.phase import (LIVE, WAITING_ON_THE_ORCHESTRATOR, PhaseMachine,
                                                  WorkerPhase)
 from tensorflow_elastic.membership.watchdog import ProgressWatchdog
@@ -79,7 +80,9 @@ class MembershipSession:
                  on_peers_lost: PeersLost = lambda reason, generation: None,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
                  progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10,
-                 barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S):
+                 barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S, node_file_path: str = ""):
+        """`node_file_path`: where this node tells its agent its id and generation (none: no
+        agent listens)."""
         self.client = client
         self.address = address
         self.bounds = bounds
@@ -88,6 +91,7 @@ class MembershipSession:
         self.events = events.EventLog(source="worker")
         self._steps = StepReporter(every=step_events_every)
         self._on_peers_lost = on_peers_lost
+        self._node_file_path = node_file_path
         self.membership: Membership | None = None
         self.phases = PhaseMachine()
         self.absence: Absence | None = None
@@ -167,11 +171,19 @@ class MembershipSession:
             self.client.register(self.address, self.bounds.min_nodes, self.bounds.max_nodes)
             self.phases.node = f"node {self.node_id}"
             self.phases.move(WorkerPhase.STANDBY, "the job runs already")
+            self._tell_agent()
             logger.info("node %d registered; joins when training starts", self.node_id)
             return
         self._join()
         self.phases.node = f"node {self.node_id}"
         self.phases.move(WorkerPhase.MEMBER, f"joined generation {self.generation}")
+        self._tell_agent()
+
+    def _tell_agent(self) -> None:
+        if self._node_file_path:
+            world = 0 if self.membership is None else self.membership.world_size
+            node_file.write(self._node_file_path,
+                            node_file.NodeRecord(self.node_id, self.generation, world))
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
@@ -255,6 +267,7 @@ class MembershipSession:
         self.phases.move(WorkerPhase.MEMBER, f"generation {membership.generation} started",
                          only_from={WorkerPhase.REFORMING})
         self.watchdog.restart()
+        self._tell_agent()
         return True
 
     def finish_step_together(self) -> None:

@@ -364,7 +364,8 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
                                                 DEFAULT_PROGRESS_TIMEOUT_S),
             step_events_every=environment.integer(environment.STEP_EVENTS_EVERY, 10),
             barrier_timeout=environment.number(environment.BARRIER_TIMEOUT,
-                                               DEFAULT_BARRIER_TIMEOUT_S))
+                                               DEFAULT_BARRIER_TIMEOUT_S),
+            node_file_path=environment.text(environment.NODE_FILE, ""))
         runtime = ElasticRuntime(session, interrupts, address_reservation=reservation)
         runtime.start()
         _runtime = runtime

@@ -10,6 +10,7 @@ from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec
+from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.rendezvous import Client, Orchestrator
 
 
@@ -85,3 +86,50 @@ def test_the_agent_is_woken_the_moment_a_worker_exits():
                            on_exit=exited.set)
     assert exited.wait(30)
     assert worker.wait_output() == 0
+
+
+def test_a_worker_tells_the_agent_its_id_and_generation_and_no_status_is_asked():
+    """The worker writes its id to the file the agent named (membership/node_file.py): the agent
+    reports its death with no look-up at the orchestrator."""
+    with Orchestrator("127.0.0.1", 0) as server:
+        spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
+        elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
+                                         hosts_orchestrator=False)
+        survivor, dying = Client(server.endpoint, "job"), Client(server.endpoint, "job")
+        try:
+            launch = elasticity.launch(0)
+            for held in launch.sockets:
+                held.close()
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                joins = [pool.submit(survivor.join, "127.0.0.1:20001", 1, 3, timeout=10),
+                         pool.submit(dying.join, launch.env[environment.ADDRESS], 1, 3,
+                                     timeout=10)]
+                first = joins[1].result(timeout=30)
+            node_file.write(launch.env[environment.NODE_FILE],
+                            node_file.NodeRecord(dying.node_id, first.generation, 2))
+
+            def no_status():
+                raise AssertionError("the agent asked the orchestrator for an id it was told")
+
+            elasticity._status_client.status = no_status
+            view = elasticity.observe()
+            assert (view.node_ids[0], view.generation, view.world_size) == \
+                (dying.node_id, first.generation, 2)
+            assert elasticity.report_death(0, "killed by SIGKILL") == dying.node_id
+            assert sorted(survivor.join(timeout=10).members) == [survivor.node_id]
+        finally:
+            for client in (survivor, dying):
+                client.close()
+            elasticity.close()
+
+
+def test_a_torn_or_foreign_node_file_counts_as_none(tmp_path):
+    path = str(tmp_path / "node")
+    for text in ('{"node_id": 3', '{"node_id": -1, "generation": 0, "world_size": 0}',
+                 '{"node_id": "3", "generation": 0, "world_size": 0}', '[1, 2, 3]'):
+        with open(path, "w") as f:
+            f.write(text)
+        assert node_file.read(path) is None
+    assert node_file.read(str(tmp_path / "missing")) is None
+    node_file.write(path, node_file.NodeRecord(3, 7, 2))
+    assert node_file.read(path) == node_file.NodeRecord(3, 7, 2)

@@ -268,3 +268,22 @@ def test_a_removed_node_whose_address_is_blocked_waits_the_block_out_to_come_bac
         finally:
             session.close()
             session.client.close()
+
+
+def test_a_node_tells_its_agent_its_id_and_each_generation(tmp_path):
+    from tensorflow_elastic.membership import node_file
+
+    path = str(tmp_path / "node")
+    with Orchestrator("127.0.0.1", 0) as server:
+        session = MembershipSession(Client(server.endpoint, "job"), "127.0.0.1:20001",
+                                    NodeBounds(1, 2), node_file_path=path)
+        try:
+            session.start()
+            assert node_file.read(path) == node_file.NodeRecord(session.node_id,
+                                                                session.generation, 1)
+            first = session.generation
+            _reform(session)
+            assert node_file.read(path).generation == session.generation > first
+        finally:
+            session.close()
+            session.client.close()
