@@ -304,12 +304,12 @@ class MembershipSession:
         self._leave_requested.set()
 
     def leave(self, reason: str) -> None:
-        self.phases.move(WorkerPhase.LEAVING, reason)
+        self.phases.move(WorkerPhase.LEAVING, reason, only_from=LIVE)
         self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
                            reason=reason)
         self.close()  # first: a heartbeat after the leave would find the node gone
         self.client.leave(reason)
-        self.phases.move(WorkerPhase.FINISHED, reason)
+        self.phases.move(WorkerPhase.FINISHED, reason, only_from={WorkerPhase.LEAVING})
 
     def report_step(self, step: int) -> None:
         """Notes progress for the watchdog; a `step` event every `step_events_every` commits."""
@@ -342,7 +342,9 @@ class MembershipSession:
         the orchestrator cannot be reached, it returns with a warning, so that the
         code after training (saving the model) runs.
         """
-        self.phases.move(WorkerPhase.LEAVING, f"training finished at step {step}")
+        # Training is over even when the job failed meanwhile: the code after it still runs.
+        self.phases.move(WorkerPhase.LEAVING, f"training finished at step {step}",
+                         only_from=LIVE)
         reachable = True
         try:
             self.client.barrier(f"exit-{self.generation}", timeout=self.barrier_timeout)
@@ -356,7 +358,7 @@ class MembershipSession:
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
         self.close()  # first: a heartbeat after the leave would find the node gone
-        self.phases.move(WorkerPhase.FINISHED, "job complete")
+        self.phases.move(WorkerPhase.FINISHED, "job complete", only_from={WorkerPhase.LEAVING})
         if not reachable:
             return
         try:
@@ -371,14 +373,15 @@ class MembershipSession:
     # ------------------------------------------------------------ background news
 
     def _fail(self, reason: str) -> None:
-        """The job cannot go on here: the next commit or re-form raises `reason`."""
-        self.phases.move(WorkerPhase.FAILED, reason, only_from=LIVE)
+        """The job cannot go on here: the next commit or re-form raises `reason`. A node
+        already leaving (training is over) leaves as it would have."""
+        self.phases.move(WorkerPhase.FAILED, reason, only_from=LIVE - {WorkerPhase.LEAVING})
 
     def _on_heartbeat(self, info) -> None:
         self._waiting = info.waiting
         if info.state == Phase.FAILED:
-            self._fail("the orchestrator ended the run")
             self._note_generation_ended("run failed", None)
+            self._fail("the orchestrator ended the run")
         elif self._has_ended(info.generation, info.state):
             self._note_generation_ended(f"generation {info.generation} started",
                                         _live_from(info.generation, info.state))
@@ -406,9 +409,13 @@ class MembershipSession:
             return  # it knows already (or stepped aside: see _recovered_in_place)
         # "node N was removed from run R (cause)", without the advice that follows.
         reason = error.message.split("; ")[0]
-        if not self.phases.move(WorkerPhase.REMOVED, reason, only_from=_IN_THE_JOB):
-            return
+        # The absence first: whoever sees the phase sees why. A standby node stays one: it
+        # comes back when it joins.
         self.absence = Absence(reason, time.monotonic())
+        if self.phase is not WorkerPhase.STANDBY and not self.phases.move(
+                WorkerPhase.REMOVED, reason, only_from=_IN_THE_JOB):
+            self.absence = None
+            return
         logger.warning("%s while its process lived on; it rejoins at its next re-form", reason)
         self.events.record(events.NODE_LEFT, node=self.node_id, generation=self.generation,
                            reason=f"removed: {reason}")
@@ -418,6 +425,8 @@ class MembershipSession:
     def _back_after_absence(self) -> None:
         """Taken back after a removal: heartbeats again, and says so once."""
         absence, self.absence = self.absence, None
+        # News of the removal that came while it joined: the join took it back.
+        self.phases.move(WorkerPhase.REFORMING, "taken back", only_from={WorkerPhase.REMOVED})
         later = "" if absence.since is None else f", {time.monotonic() - absence.since:.1f} s later"
         logger.warning("%s and rejoined at generation %d%s", absence.reason, self.generation, later)
         self.events.record(events.NODE_JOINED, node=self.node_id, generation=self.generation,
@@ -438,31 +447,38 @@ class MembershipSession:
         comes back at the re-form that follows.
         """
         cause = reason.splitlines()[0].split(";")[0]
-        absence = Absence(f"node {self.node_id} stepped aside after {cause}", time.monotonic())
-        if not self.phases.move(WorkerPhase.STEPPED_ASIDE, absence.reason,
+        if self.phase is not WorkerPhase.MEMBER:
+            return
+        # The absence first: whoever sees the phase sees why.
+        self.absence = Absence(f"node {self.node_id} stepped aside after {cause}",
+                               time.monotonic())
+        if not self.phases.move(WorkerPhase.STEPPED_ASIDE, self.absence.reason,
                                 only_from={WorkerPhase.MEMBER}):
+            self.absence = None
             return
         logger.error("node %d: %s (%s); it stops heartbeating so that the others go on "
                      "without it, and comes back if it recovers", self.node_id, reason,
                      environment.PROGRESS_TIMEOUT)
         self.events.record(events.FAILURE_DETECTED, node=self.node_id, generation=self.generation,
                            failed=[self.node_id], cause=f"stuck: {cause}")
-        self.absence = absence
         self.client.stop_heartbeats()
 
     def _recovered_in_place(self) -> None:
         """A node that stepped aside commits again: if nobody went on without it yet, it
         heartbeats again; if it was removed meanwhile, it comes back at its next re-form."""
+        absence = self.absence
+        if absence is None:
+            return  # it is stepping aside this very moment: asked again at the next commit
         try:
             self.client.heartbeat()
         except NodeRemovedError:
             # The re-form takes it back and heartbeats again.
-            self.phases.move(WorkerPhase.REMOVED, self.absence.reason,
+            self.phases.move(WorkerPhase.REMOVED, absence.reason,
                              only_from={WorkerPhase.STEPPED_ASIDE})
             return
         except RendezvousError:
             return  # asked again at the next commit
-        absence, self.absence = self.absence, None
+        self.absence = None
         logger.warning("%s and recovered %.1f s later, still a member; heartbeats again",
                        absence.reason, time.monotonic() - absence.since)
         self.phases.move(WorkerPhase.MEMBER, "recovered in place",
@@ -479,8 +495,8 @@ class MembershipSession:
             for update in self.client.watch():
                 self._waiting = update.waiting
                 if update.state == Phase.FAILED:
-                    self._fail(update.reason)
                     self._note_generation_ended(f"run failed: {update.reason}", None)
+                    self._fail(update.reason)
                     return
                 if self._has_ended(update.membership.generation, update.state):
                     self._note_generation_ended(update.reason or "membership changed",

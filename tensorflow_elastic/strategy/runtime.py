@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from tensorflow.python.distribute import distribute_lib
 
@@ -35,11 +35,17 @@ from tensorflow_elastic.observability import events
 from tensorflow_elastic.rendezvous import Client, Membership
 from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster
+from tensorflow_elastic.strategy.decision import Action, Situation, decide
 from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXIT_TIMEOUT_S = 30.0
+# Re-forms in a row without a single commit in between: something is wrong
+# beyond a lost peer (e.g. a bug that always fails the first step).
+MAX_REFORMS_WITHOUT_PROGRESS = 5
+
+T = TypeVar("T")
 
 _runtime: "ElasticRuntime | None" = None
 _runtime_lock = threading.Lock()
@@ -106,15 +112,59 @@ class ElasticRuntime:
 
     # ------------------------------------------------------------ the protocol
 
-    def begin_training(self, state) -> None:
-        """Before the first step: a node joining a running job prepares to receive the state
-        and joins; then every member takes the state of the member furthest ahead."""
+    def train(self, state, step: Callable[[], T]) -> T:
+        """`tfe.run`'s loop: sync, run `step()`, and on a fault go back to the last commit,
+        re-form and retry, until `step()` returns.
+
+        Only the sync and the step are inside the `try`: what goes wrong while the runtime
+        recovers is not a fault of the training, and ends the job with its own error.
+        """
+        newcomer = self.session.standby
+        self._begin_training(state)
+        reforms_without_progress = 0
+        while True:
+            commits_before = state.commits
+            in_step = False
+            try:
+                self.sync(state)
+                in_step = True
+                result = step()
+            except Exception as error:  # noqa: BLE001 - decide() sorts it
+                action = decide(error, Situation(in_step, newcomer, commits_before),
+                                self.session.moved_on)
+                if action is Action.RAISE:
+                    raise
+                if action is Action.LEAVE:
+                    self._leave_mismatched(error)
+                if action is Action.CHANGE:
+                    self._finish_step_together()
+                elif action is Action.RESYNC:
+                    logger.info("generation %d ended during the state sync; re-forming",
+                                self.generation)
+                    self._note_change("a member lost during the state sync", 0)
+                else:
+                    self._go_back(state, error, in_step)
+                if state.commits != commits_before:
+                    reforms_without_progress = 0
+                else:
+                    reforms_without_progress += 1
+                    if reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
+                        raise ElasticJobFailed(
+                            f"{reforms_without_progress} re-forms in a row without a single "
+                            f"commit; giving up (see the events file for the failures)") \
+                            from error
+                self._reform(state)
+            else:
+                self.session.finish(state.commits)
+                return result
+
+    def _begin_training(self, state) -> None:
+        """Before the first step: a node joining a running job prepares to receive the state,
+        then joins (the sync that follows gives it the members' state)."""
         state.bind(self)
         if self.session.standby:
             state.prepare_to_join()
-            self._reform(state, reset=False)
-            return
-        self.sync(state)
+            self._move_to_next_generation()
 
     def commit(self, state) -> None:
         """A step boundary: the state's snapshot (by its commit policy), the progress, and the
@@ -126,67 +176,56 @@ class ElasticRuntime:
         if vote.outcome(tally):
             raise MembershipChanged("membership changes at this commit")
 
-    def recover(self, state, error: BaseException, lost_steps: int) -> None:
-        """After a failed step or sync: report who is unreachable, go back to the last commit,
-        move to the next generation and take the state of the member furthest ahead."""
+    def _go_back(self, state, error: BaseException, in_step: bool) -> None:
+        """After a failed step or sync: report who is unreachable and go back to the last
+        commit (the steps since it, and the one in flight, are lost)."""
         self.session.check_job_alive()
         logger.info("collective failed (%s); re-forming", type(error).__name__)
+        lost_steps = state.uncommitted_steps() + 1 if in_step else 0
         self._note_change(type(error).__name__, lost_steps)
         self.report_failure(error)
         state.restore()
         self.session.events.record(events.STATE_RESTORED, node=self.node_id,
                                    generation=self.generation, step=state.commits,
                                    lost_steps=lost_steps)
-        self._reform(state)
 
-    def resume_after_lost_sync(self, state) -> None:
-        """A member was lost while the others gathered to sync: nothing ran, nothing to restore."""
-        logger.info("generation %d ended during the state sync; re-forming", self.generation)
-        self._note_change("a member lost during the state sync", 0)
-        self._reform(state)
-
-    def change(self, state) -> None:
+    def _finish_step_together(self) -> None:
         """The members voted at this commit (a node waits to join, one leaves): all finish the
-        step together; a leaver leaves (its process exits 0), the others re-form."""
+        step together, then a leaver leaves (its process exits 0)."""
         self._change = _Change(time.monotonic(), frozenset(self.membership.members))
         self.session.finish_step_together()
         if self.session.leave_requested:
             self.session.leave("leave requested")
             raise SystemExit(0)
-        self._reform(state)
 
-    def leave_mismatched(self, error: BaseException) -> StateLayoutMismatch:
-        """This node's state does not fit the members': it leaves so they re-form without it;
-        returns the error to raise."""
+    def _leave_mismatched(self, error: BaseException) -> None:
+        """This node's state does not fit the members': it leaves so that they re-form
+        without it, and raises why."""
         if isinstance(error, StateLayoutMismatch):
             self.session.leave(f"state layout differs: {error}")
-            return error
+            raise error
         # The orchestrator keeps short reasons; the error itself says it all.
         self.session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
-        return StateLayoutMismatch(
+        raise StateLayoutMismatch(
             f"this node's state could not be synced from the members' ({error}): build the same "
-            f"model, optimizer and inputs on every node before training")
+            f"model, optimizer and inputs on every node before training") from error
 
-    def finish(self, state) -> None:
-        self.session.finish(state.commits)
+    def _reform(self, state) -> None:
+        """The next generation with the members still there, then the state's reset callbacks
+        (e.g. a learning rate that follows the world size)."""
+        self._move_to_next_generation()
+        state.on_reset()
 
-    def _reform(self, state, reset: bool = True) -> None:
-        """Moves this node to the next generation with the members still there, then runs the
-        state's reset callbacks (not at a newcomer's first join) and syncs.
-
-        The membership may move on while members gather (a leaver's departure
-        lands after the others re-joined, a second failure): then the barrier
-        fails and the node follows to the newer generation.
-        """
+    def _move_to_next_generation(self) -> None:
+        """Joins the next generation and moves TensorFlow to it. The membership may move on
+        while members gather (a leaver's departure lands after the others re-joined, a second
+        failure): then the barrier fails and the node follows to the newer generation."""
         while True:
             membership = self.session.join_next_generation()
             with self._interrupts.moving_to(membership.generation):
                 self.strategy.extended.regroup(membership.members, membership.generation)
             if self.session.start_generation(membership):
-                break
-        if reset:
-            state.on_reset()
-        self.sync(state)
+                return
 
     def sync(self, state) -> None:
         """Every member takes the state of the member furthest ahead; the new chief then says

@@ -8,6 +8,7 @@ types JSON lacks, and a schema check on the way in.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from typing import Any
@@ -24,8 +25,9 @@ class NotPlainData(ValueError):
 
 
 def encode(value: Any) -> bytes:
-    """`value` (numbers, strings, None, lists, tuples, dicts with string keys, numpy arrays
-    and scalars of numbers) as bytes."""
+    """`value` (numbers, strings, bytes, None, lists, tuples, dicts with string keys, numpy
+    arrays and scalars of numbers) as bytes; `decode` gives back the same types. A subclass
+    (a defaultdict, a namedtuple) is refused rather than changed into its base."""
     return json.dumps(_to_json(value, "value"), allow_nan=True,
                       separators=(",", ":")).encode()
 
@@ -43,30 +45,32 @@ def decode(blob: bytes) -> Any:
 
 
 def _to_json(value: Any, where: str) -> Any:
-    if value is None or isinstance(value, (bool, str)):
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
         return value
-    if isinstance(value, (int, float)):
-        return value
+    if kind is bytes:
+        return {_TAG: "bytes", "base64": base64.b64encode(value).decode()}
     if isinstance(value, np.generic) and value.dtype.kind in "biuf":
-        return value.item()
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return {_TAG: "scalar", "dtype": value.dtype.str, "value": value.item()}
+    if kind is np.ndarray and value.dtype.kind in "biuf":
         return {_TAG: "ndarray", "dtype": value.dtype.str, "shape": list(value.shape),
                 "values": value.ravel().tolist()}
-    if isinstance(value, list):
+    if kind is list:
         return [_to_json(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if isinstance(value, tuple):
+    if kind is tuple:
         return {_TAG: "tuple", "values": [_to_json(v, f"{where}[{i}]")
                                           for i, v in enumerate(value)]}
-    if isinstance(value, dict):
+    if kind is dict:
         if not all(isinstance(k, str) for k in value):
             raise NotPlainData(f"{where} has a key that is not a string: a State's values "
                                f"must be plain data")
         if _TAG in value:
             raise NotPlainData(f"{where} uses the reserved key {_TAG!r}")
         return {k: _to_json(v, f"{where}[{k!r}]") for k, v in value.items()}
-    raise NotPlainData(f"{where} is a {type(value).__name__}: a State's values must be plain "
-                       f"data (numbers, strings, None, lists, tuples, dicts with string keys, "
-                       f"numpy arrays of numbers); keep other objects outside the State")
+    raise NotPlainData(f"{where} is a {kind.__name__}: a State's values must be plain data "
+                       f"(numbers, strings, bytes, None, lists, tuples, dicts with string "
+                       f"keys, numpy arrays of numbers; a tensor: its .numpy()); keep other "
+                       f"objects outside the State")
 
 
 def _from_json(raw: Any) -> Any:
@@ -83,6 +87,14 @@ def _from_json(raw: Any) -> Any:
         return tuple(_from_json(v) for v in raw["values"])
     if tag == "ndarray":
         return _array(raw)
+    if tag == "scalar":
+        return _array({"dtype": raw.get("dtype"), "shape": [],
+                       "values": [raw.get("value")]})[()]
+    if tag == "bytes" and isinstance(raw.get("base64"), str):
+        try:
+            return base64.b64decode(raw["base64"], validate=True)
+        except ValueError:
+            raise NotPlainData("malformed bytes in exchanged state") from None
     raise NotPlainData(f"unknown tag {tag!r} in exchanged state")
 
 

@@ -134,6 +134,8 @@ class State:
             callback()
 
     def save(self) -> None:
+        # Plain data or an error now, at the first commit, not at the first recovery.
+        plain_data.encode(self._values)
         self._committed = _copy_values(self._values)
         self._saved_commits = self._commits
 
@@ -249,6 +251,9 @@ class TensorFlowState(State):
         object.__setattr__(self, "_snapshot", None)
         object.__setattr__(self, "_built_cursors", -1)
         object.__setattr__(self, "_built_tally", None)
+        # (path, layout, values) of the input cursors in a file read before the state was
+        # bound: see read().
+        object.__setattr__(self, "_read_from", None)
         self.save()
 
     def _tracked_variables(self) -> list[tf.Variable]:
@@ -346,25 +351,43 @@ class TensorFlowState(State):
 
         Call it before training starts (before `tensorflow_elastic.run`): the
         job then resumes from that commit, and a node that found no file takes
-        the state from one that did at the first sync.
+        the state from one that did at the first sync. The cursors of the
+        strategy's elastic inputs, which come last, load when
+        `tensorflow_elastic.run` binds the state to the job that holds them.
         """
         if not os.path.exists(path):
             return False
         with np.load(path, allow_pickle=False) as saved:
             meta = json.loads(str(saved["meta"]))
             values = [saved[f"v{i}"] for i in range(len(meta["layout"]))]
-        mine = json.loads(json.dumps(_layout(self._all_variables())))
-        if meta["layout"] != mine:
-            raise StateLayoutMismatch(
-                f"the state saved in {path} differs from this node's "
-                f"{_first_difference(mine, meta['layout'], 'the file has')}: build the model, optimizer and "
-                f"inputs as the job that wrote it did, or start from another file")
-        for variable, value in zip(self._all_variables(), values):
-            _local_copy(variable).assign(value)
+        variables = self._all_variables()
+        loadable = len(variables) if self._job is None else len(meta["layout"])
+        self._load(path, meta["layout"][:loadable], values[:loadable], variables)
+        object.__setattr__(self, "_read_from", (path, meta["layout"][loadable:],
+                                                values[loadable:]))
         self._values.update(meta["values"])
         self._commits = meta["commits"]
         self.save()
         return True
+
+    def bind(self, job: Job) -> None:
+        super().bind(job)
+        if self._read_from is not None:
+            path, layout, values = self._read_from
+            object.__setattr__(self, "_read_from", None)
+            self._load(path, layout, values, self._snapshot_extras()[1])
+            self.save()
+
+    def _load(self, path: str, layout: list, values: list, variables: list) -> None:
+        """Gives `variables` the `values` read from `path` when their layouts agree."""
+        mine = json.loads(json.dumps(_layout(variables)))
+        if layout != mine:
+            raise StateLayoutMismatch(
+                f"the state saved in {path} differs from this node's "
+                f"{_first_difference(mine, layout, 'the file has')}: build the model, optimizer "
+                f"and inputs as the job that wrote it did, or start from another file")
+        for variable, value in zip(variables, values):
+            _local_copy(variable).assign(value)
 
 
 class KerasState(TensorFlowState):

@@ -7,7 +7,8 @@ from tensorflow_elastic.membership.phase import (ALLOWED, LIVE, IllegalTransitio
                                                  WorkerPhase)
 from tensorflow_elastic.membership.session import MembershipSession
 from tensorflow_elastic.rendezvous.errors import NODE_REMOVED_MAY_RETURN, NodeRemovedError
-from tensorflow_elastic.rendezvous.types import Membership, NodeBounds
+from tensorflow_elastic.observability.events import EventLog, read_events
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Membership, NodeBounds, Phase
 
 P = WorkerPhase
 
@@ -120,3 +121,67 @@ def test_a_failed_run_fails_the_next_commit_with_its_reason():
         session.check_job_alive()
     with pytest.raises(ElasticJobFailed, match="the orchestrator ended the run"):
         session.begin_reform("test")
+
+
+class _JoiningClient(_Client):
+    """Takes the node back into generation 5 at its join; its barriers pass."""
+
+    def __init__(self, on_join=lambda: None):
+        super().__init__()
+        self.on_join = on_join
+        self.left = []
+
+    def join(self, address, min_nodes, max_nodes, timeout):
+        self.on_join()
+        return Membership(3, 5, {3: "a", 5: "b"}, 3)
+
+    def barrier(self, name, timeout):
+        pass
+
+    def start_heartbeats(self, interval, on_heartbeat, on_stopped):
+        pass
+
+    def leave(self, reason):
+        self.left.append(reason)
+
+
+def _removed_error():
+    return NodeRemovedError("node 3 was removed from run job (no heartbeat for 1.5 s); it may "
+                            "come back", reason=NODE_REMOVED_MAY_RETURN)
+
+
+def test_a_removal_heard_while_re_joining_ends_with_the_node_a_member_again():
+    session = _member()
+    session.client = _JoiningClient(on_join=lambda: session._note_removed(_removed_error()))
+    session.begin_reform("a peer was lost")
+    assert session.start_generation(session.join_next_generation())
+    assert session.phase is P.MEMBER and session.absence is None
+
+
+def test_a_job_that_fails_while_a_node_leaves_lets_it_finish():
+    session = _member()
+    session.client = _JoiningClient()
+    session.phases.move(P.LEAVING, "training finished")
+    session._fail("heartbeats stopped")
+    assert session.phase is P.LEAVING
+    session._on_heartbeats_stopped(RuntimeError("orchestrator gone"))
+    session.finish(step=9)
+    assert session.phase is P.FINISHED and session.client.left == ["job complete"]
+
+
+def test_a_failed_run_is_news_of_an_ended_generation_too():
+    session = _member()
+    session._on_heartbeat(HeartbeatInfo(4, Phase.FAILED, 0, 0, True, 0))
+    assert session.phase is P.FAILED and session.wants_reform() and session.moved_on()
+
+
+def test_a_removed_standby_node_stays_one_and_comes_back_when_it_joins(tmp_path):
+    session = MembershipSession(_JoiningClient(), "127.0.0.1:1", NodeBounds(1, 2))
+    session.events = EventLog(str(tmp_path / "events.jsonl"))
+    session.phases.move(P.STANDBY, "the job runs already")
+    session._note_removed(_removed_error())
+    assert session.phase is P.STANDBY and session.absence is not None
+    assert [e["reason"] for e in read_events(str(tmp_path / "events.jsonl"), "node_left")] == \
+        ["removed: node 3 was removed from run job (no heartbeat for 1.5 s)"]
+    assert session.start_generation(session.join_next_generation())
+    assert session.phase is P.MEMBER and session.absence is None

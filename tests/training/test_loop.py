@@ -12,12 +12,12 @@ import pytest
 import tensorflow as tf
 
 import tensorflow_elastic as tfe
-from tensorflow_elastic.errors import GenerationEnded, MembershipChanged, StateLayoutMismatch
+from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, MembershipChanged,
+                                       StateLayoutMismatch)
 from tensorflow_elastic.strategy import cluster
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
-from tensorflow_elastic.training import loop
-from tensorflow_elastic.training.loop import Action, Situation, decide
+from tensorflow_elastic.strategy.decision import Action, Situation, decide
 
 
 class _Session:
@@ -32,14 +32,19 @@ class _Session:
         self.left: list[str] = []
         self.reforms = 0
 
+    job_failed = ""
+
     def check_job_alive(self):
-        pass
+        if self.job_failed:
+            raise ElasticJobFailed(self.job_failed)
 
     def moved_on(self):
         return self._moved_on
 
+    reported = 0
+
     def report_failure(self, peers, reason, detail):
-        pass
+        self.reported += 1
 
     def join_next_generation(self):
         if self.standby:
@@ -174,7 +179,7 @@ def test_re_forms_that_never_get_to_commit_end_the_job_with_the_last_failure(mon
     with pytest.raises(tfe.ElasticJobFailed, match="without a single commit") as failed:
         train(state)
     assert isinstance(failed.value.__cause__, tf.errors.InternalError)
-    assert session.reforms == loop.MAX_REFORMS_WITHOUT_PROGRESS
+    assert session.reforms == runtime_lib.MAX_REFORMS_WITHOUT_PROGRESS
 
 
 def _error(kind, message="Collective instance 105 differs"):
@@ -188,6 +193,8 @@ NEVER_ASKED = None
 
 @pytest.mark.parametrize("error, in_step, newcomer, commits, moved_on, action", [
     (MembershipChanged("vote"), IN_STEP, MEMBER, 5, NEVER_ASKED, Action.CHANGE),
+    (ElasticJobFailed("the orchestrator ended the run"), IN_STEP, MEMBER, 5, NEVER_ASKED,
+     Action.RAISE),
     (StateLayoutMismatch("differs"), IN_SYNC, NEWCOMER, 0, NEVER_ASKED, Action.LEAVE),
     (GenerationEnded("lost"), IN_SYNC, MEMBER, 5, NEVER_ASKED, Action.RESYNC),
     (GenerationEnded("lost"), IN_STEP, MEMBER, 5, NEVER_ASKED, Action.RAISE),
@@ -218,3 +225,22 @@ def test_what_the_loop_does_about_an_error(error, in_step, newcomer, commits, mo
         return moved_on
 
     assert decide(error, Situation(in_step, newcomer, commits), asked) is action
+
+
+def test_a_job_that_fails_while_a_member_recovers_ends_with_that_reason_at_once(monkeypatch):
+    def train(state):
+        session.job_failed = "the orchestrator ended the run"
+        raise tf.errors.UnavailableError(None, None, "peer gone")
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    with pytest.raises(ElasticJobFailed, match="the orchestrator ended the run"):
+        train(state)
+    assert session.reforms == 0 and session.reported == 0
+
+
+def test_every_failure_is_reported_and_restored_before_the_job_gives_up(monkeypatch):
+    session, state, train = _run(monkeypatch, standby=False, commits=5,
+                                 error=tf.errors.InternalError, failures=100)
+    with pytest.raises(ElasticJobFailed, match="without a single commit"):
+        train(state)
+    assert session.reported == runtime_lib.MAX_REFORMS_WITHOUT_PROGRESS + 1

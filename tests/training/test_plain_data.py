@@ -1,5 +1,6 @@
 """What members exchange of a State: plain data in, plain data out, never code."""
 
+import collections
 import math
 import os
 import pickle
@@ -20,11 +21,14 @@ def test_plain_values_come_back_as_they_were(value):
     assert plain_data.decode(plain_data.encode(value)) == value
 
 
-def test_numpy_values_come_back_as_numbers_and_arrays():
-    back = plain_data.decode(plain_data.encode({"n": np.int64(4), "a": np.arange(6.0).reshape(2, 3)}))
-    assert back["n"] == 4 and type(back["n"]) is int
+def test_numpy_values_and_bytes_come_back_with_their_types():
+    back = plain_data.decode(plain_data.encode({"n": np.int64(4), "f": np.float32(0.5),
+                                                "a": np.arange(6.0).reshape(2, 3),
+                                                "b": b"\x00\xff"}))
+    assert back["n"] == 4 and type(back["n"]) is np.int64
+    assert back["f"] == 0.5 and type(back["f"]) is np.float32
     np.testing.assert_array_equal(back["a"], np.arange(6.0).reshape(2, 3))
-    assert back["a"].dtype == np.float64
+    assert back["a"].dtype == np.float64 and back["b"] == b"\x00\xff"
 
 
 def test_nan_survives():
@@ -37,6 +41,10 @@ def test_nan_survives():
     ({"__tfe__": "tuple"}, "reserved key"),
     ({"s": {1, 2}}, "is a set"),
     (np.array(["a"]), "is a ndarray"),
+    # Subclasses would come back as their base class: refused instead.
+    (collections.OrderedDict(a=1), "is a OrderedDict"),
+    (collections.defaultdict(int), "is a defaultdict"),
+    (collections.namedtuple("Point", "x y")(1, 2), "is a Point"),
 ])
 def test_anything_else_is_refused_with_what_to_do(value, says):
     with pytest.raises(NotPlainData, match=says):
@@ -100,3 +108,10 @@ def test_a_member_whose_message_has_the_wrong_shape_is_refused():
     with pytest.raises(NotPlainData, match="not \\{values, commits\\}"):
         state.sync()
     assert state.step == 1
+
+
+def test_a_value_that_is_not_plain_data_fails_at_the_commit_that_holds_it():
+    state = tfe.State(step=0)
+    state.step = {1, 2}
+    with pytest.raises(NotPlainData, match="value\\['step'\\] is a set"):
+        state.save()

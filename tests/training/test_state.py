@@ -392,3 +392,25 @@ def test_a_state_outside_the_elastic_run_says_where_to_commit():
     with pytest.raises(RuntimeError, match="inside a function decorated with "
                                            "tensorflow_elastic.run"):
         state.commit()
+
+
+def test_a_state_read_before_the_run_takes_its_input_cursors_when_it_is_bound(tmp_path):
+    """A custom loop's elastic input: its cursor is part of the state the job wrote, and the
+    job a state belongs to holds it, so the state learns of it only when tfe.run binds it."""
+    path = str(tmp_path / "state.npz")
+    cursor = tf.Variable(42, dtype=tf.int64, name="cursor")
+    writer = tfe.TensorFlowState([tf.Variable([3.0])], step=7)
+    job = _Job()
+    job.snapshot_extras = lambda: (None, [cursor])
+    writer.bind(job)
+    writer.save()
+    writer.write(path)
+
+    weights, resumed_cursor = tf.Variable([0.0]), tf.Variable(0, dtype=tf.int64, name="cursor")
+    reader = tfe.TensorFlowState([weights], step=0)
+    assert reader.read(path)
+    assert (reader.step, weights.numpy().tolist()) == (7, [3.0])
+    resumed = _Job()
+    resumed.snapshot_extras = lambda: (None, [resumed_cursor])
+    reader.bind(resumed)
+    assert int(resumed_cursor.numpy()) == 42
