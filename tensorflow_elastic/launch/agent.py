@@ -101,8 +101,8 @@ class LocalAgent:
 
     def _run(self) -> AgentResult:
         if self.spec.rdzv_endpoint:
-            self._info("rendezvous at %s (run %s, workers %d:%d)", self.spec.rdzv_endpoint,
-                       self.spec.run_id, self.spec.min_nodes, self.spec.max_nodes)
+            self._info("rendezvous at %s (run %s, workers %s)", self.spec.rdzv_endpoint,
+                       self.spec.run_id, self.spec.bounds)
         try:
             self._form()
         except Exception as e:  # noqa: BLE001 - any rendezvous error ends INIT with its reason

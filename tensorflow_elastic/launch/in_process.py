@@ -68,8 +68,8 @@ class InProcessElasticity:
                environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
                environment.ADDRESS: self._addresses[slot],
                environment.ADDRESS_FD: str(held.fileno()),
-               environment.MIN_NODES: str(self.spec.min_nodes),
-               environment.MAX_NODES: str(self.spec.max_nodes),
+               environment.MIN_NODES: str(self.spec.bounds.min_nodes),
+               environment.MAX_NODES: str(self.spec.bounds.max_nodes),
                environment.JOIN_TIMEOUT: str(self.spec.join_timeout)}
         if self.spec.token:
             env[environment.TOKEN] = self.spec.token

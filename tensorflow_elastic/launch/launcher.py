@@ -28,6 +28,7 @@ from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
 from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
 from tensorflow_elastic.rendezvous.client import split_endpoints
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
+from tensorflow_elastic.rendezvous.types import NodeBounds
 
 PROG = "tfelastic-run"
 ORCHESTRATOR_ONLY = "start"
@@ -230,10 +231,11 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
         args.nworkers = str(args.nproc_per_node)
     try:
         if args.nworkers:
-            min_nodes, max_nodes = parse_nnodes(args.nworkers, "--nworkers")
+            bounds = parse_nnodes(args.nworkers, "--nworkers")
         else:
-            low, high = parse_nnodes(args.nnodes)
-            min_nodes, max_nodes = low * args.nproc_per_node, high * args.nproc_per_node
+            per_launcher = parse_nnodes(args.nnodes)
+            bounds = NodeBounds(per_launcher.min_nodes * args.nproc_per_node,
+                                per_launcher.max_nodes * args.nproc_per_node)
         if args.rdzv_endpoint:
             replicas = split_endpoints(args.rdzv_endpoint)
             if args.standalone and len(replicas) > 1:
@@ -250,9 +252,9 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
                  "exit_barrier_timeout", "progress_interval"):
         if getattr(args, flag) <= 0:
             _die(f"--{flag} must be > 0, got {getattr(args, flag)}")
-    if args.nproc_per_node > max_nodes:
+    if args.nproc_per_node > bounds.max_nodes:
         _die(f"--nproc_per_node={args.nproc_per_node} is more than the --nworkers maximum "
-             f"{max_nodes}; raise --nworkers")
+             f"{bounds.max_nodes}; raise --nworkers")
     if args.max_restarts < 0:
         _die(f"--max_restarts must be >= 0, got {args.max_restarts}")
     if args.script == ORCHESTRATOR_ONLY:
@@ -261,7 +263,7 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
     elif not os.path.isfile(args.script) and shutil.which(args.script) is None:
         _die(f"script {args.script!r} not found (cwd {os.getcwd()}); give a path to a .py file "
              f"or an executable")
-    return min_nodes, max_nodes
+    return bounds
 
 
 def _parse_address(value: str) -> tuple[str, int]:
@@ -287,7 +289,7 @@ def _check_reachable(endpoint: str, run_id: str, token: str | None, tls_ca: str 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    min_nodes, max_nodes = _check_args(args)
+    bounds = _check_args(args)
     try:
         token = auth.load_token(args.token_file)
     except (OSError, ValueError) as e:
@@ -297,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         events_file = os.path.abspath(events_file)
 
     if args.role != COLLECTIVE:
-        spec = _worker_spec(args, "", token, events_file, min_nodes, max_nodes)
+        spec = _worker_spec(args, "", token, events_file, bounds)
         return run_role(spec, args.role, args.ps_address, args.ps_checkpoint_dir)
     server = None
     endpoint = args.rdzv_endpoint or DEFAULT_ENDPOINT
@@ -318,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                 pass
             return 0
         _check_reachable(endpoint, args.run_id, token, args.tls_ca, args.rdzv_timeout)
-        return _run_collective(args, endpoint, token, events_file, min_nodes, max_nodes,
+        return _run_collective(args, endpoint, token, events_file, bounds,
                                hosts_orchestrator=server is not None)
     finally:
         if server is not None:
@@ -338,14 +340,14 @@ def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Eve
 
 
 def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
-                    events_file: str | None, min_nodes: int, max_nodes: int,
+                    events_file: str | None, bounds: NodeBounds,
                     hosts_orchestrator: bool) -> int:
     if args.address:
         host, first_port = _parse_address(args.address)
     else:
         endpoint_host = net.parse_address(split_endpoints(endpoint)[0], allow_port_zero=True)[0]
         host, first_port = net.local_address_towards(endpoint_host), 0
-    spec = _worker_spec(args, endpoint, token, events_file, min_nodes, max_nodes, host,
+    spec = _worker_spec(args, endpoint, token, events_file, bounds, host,
                         first_port)
     wake = threading.Event()
     mode, why = _collective_mode(spec, PortAllocator(host, first_port), wake, hosts_orchestrator)
@@ -353,11 +355,11 @@ def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
 
 
 def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
-                 events_file: str | None, min_nodes: int, max_nodes: int,
+                 events_file: str | None, bounds: NodeBounds,
                  host: str = "127.0.0.1", first_port: int = 0) -> WorkerSpec:
     return WorkerSpec(
         entrypoint=args.script, args=args.script_args, rdzv_endpoint=endpoint, run_id=args.run_id,
-        min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=args.nproc_per_node, host=host,
+        bounds=bounds, nproc_per_node=args.nproc_per_node, host=host,
         first_port=first_port, max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval, mode=args.elastic_mode, token=token,
         tls_ca=args.tls_ca,

@@ -78,8 +78,9 @@ class RestartElasticity:
         client = self._clients[slot]
         try:
             if client.node_id is None:
-                membership = client.join(self._addresses[slot], self.spec.min_nodes,
-                                         self.spec.max_nodes, timeout=self.spec.join_timeout)
+                membership = client.join(self._addresses[slot], self.spec.bounds.min_nodes,
+                                         self.spec.bounds.max_nodes,
+                                         timeout=self.spec.join_timeout)
                 client.start_heartbeats(heartbeat_interval(), self._on_heartbeat)
                 return membership
             return client.join(timeout=self.spec.join_timeout)
@@ -92,7 +93,7 @@ class RestartElasticity:
     def _on_heartbeat(self, info: HeartbeatInfo) -> None:
         world = 0 if self._joined is None else self._joined.world_size
         if (info.state == Phase.FAILED or info.generation > self._generation or info.removed
-                or (info.waiting > 0 and world < self.spec.max_nodes)):
+                or (info.waiting > 0 and world < self.spec.bounds.max_nodes)):
             self._changed.set()
             self._wake.set()
 

@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 from tensorflow_elastic.rendezvous.client import Client
+from tensorflow_elastic.rendezvous.types import NodeBounds
 
 IN_PROCESS = "in_process"
 RESTART = "restart"
@@ -40,8 +41,8 @@ class WorkerState(enum.Enum):
 class WorkerSpec:
     """Everything an agent needs to start and restart its workers.
 
-    ``min_nodes``/``max_nodes`` count orchestrator nodes, i.e. worker
-    processes across every agent of the run. ``host`` is the address the
+    ``bounds`` count orchestrator nodes, i.e. worker processes across every
+    agent of the run (checked where they were parsed: NodeBounds). ``host`` is the address the
     workers' TensorFlow servers are reached at; ``first_port`` (0: any) is the
     first worker's port, later workers and restarted ones take free ports.
     """
@@ -50,8 +51,7 @@ class WorkerSpec:
     args: list[str]
     rdzv_endpoint: str
     run_id: str
-    min_nodes: int
-    max_nodes: int
+    bounds: NodeBounds
     nproc_per_node: int = 1
     host: str = "127.0.0.1"
     first_port: int = 0
@@ -69,13 +69,12 @@ class WorkerSpec:
     verbose: bool = False
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_nodes <= self.max_nodes:
-            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {self.min_nodes}:{self.max_nodes}")
         if self.nproc_per_node < 1:
             raise ValueError(f"nproc_per_node must be >= 1, got {self.nproc_per_node}")
-        if self.nproc_per_node > self.max_nodes:
+        if self.nproc_per_node > self.bounds.max_nodes:
             raise ValueError(f"nproc_per_node={self.nproc_per_node} workers would exceed "
-                             f"max_nodes={self.max_nodes} worker processes; raise --nworkers")
+                             f"max_nodes={self.bounds.max_nodes} worker processes; raise "
+                             f"--nworkers")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.monitor_interval <= 0:
@@ -112,8 +111,8 @@ class WorkerSpec:
                          "and is restarted on every membership change")
 
 
-def parse_nnodes(value: str, flag: str = "--nnodes") -> tuple[int, int]:
-    """'N' or 'MIN:MAX' -> (min, max), with a message that says what is wrong."""
+def parse_nnodes(value: str, flag: str = "--nnodes") -> NodeBounds:
+    """'N' or 'MIN:MAX' -> the bounds, with a message that says what is wrong."""
     parts = value.split(":")
     try:
         if len(parts) == 1:
@@ -124,9 +123,10 @@ def parse_nnodes(value: str, flag: str = "--nnodes") -> tuple[int, int]:
             raise ValueError
     except ValueError:
         raise ValueError(f"{flag} must be N or MIN:MAX (e.g. 2:4), got {value!r}") from None
-    if low < 1 or low > high:
-        raise ValueError(f"{flag} {value}: need 1 <= MIN <= MAX")
-    return low, high
+    try:
+        return NodeBounds(low, high)
+    except ValueError:
+        raise ValueError(f"{flag} {value}: need 1 <= MIN <= MAX") from None
 
 
 def default_log_dir(run_id: str) -> str:

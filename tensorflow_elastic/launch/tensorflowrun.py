@@ -31,6 +31,7 @@ from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
 from tensorflow_elastic.rendezvous import Client, Phase, RendezvousError, auth
+from tensorflow_elastic.rendezvous.types import NodeBounds
 
 PROG = "tensorflowrun"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -272,7 +273,9 @@ def main(argv: list[str] | None = None) -> int:
         _die("give the training script to run, e.g. tensorflowrun ... python train.py")
     if not args.discovery and not args.hostfile:
         _die("give --discovery SCRIPT or --hostfile FILE (or both) to say which hosts to use")
-    if not 1 <= args.min_nodes <= args.max_nodes:
+    try:
+        NodeBounds(args.min_nodes, args.max_nodes)
+    except ValueError:
         _die(f"need 1 <= --min_nodes <= --max_nodes, got {args.min_nodes} and {args.max_nodes}")
     if args.discovery and not os.access(args.discovery, os.X_OK):
         _die(f"discovery script {args.discovery} is missing or not executable (chmod +x it)")

@@ -36,7 +36,7 @@ from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import MembershipUpdate
+from tensorflow_elastic.rendezvous.types import MembershipUpdate, NodeBounds
 
 MAX_RUN_ID = 128
 MAX_ADDRESS = 256
@@ -214,10 +214,12 @@ class RendezvousService:
         _check_text("nonce", request.nonce, MAX_NONCE)
         if request.max_nodes < 1:
             raise InvalidArgumentError(f"max_nodes={request.max_nodes}: it must be at least 1")
-        if not 1 <= request.min_nodes <= request.max_nodes:
+        try:
+            NodeBounds(request.min_nodes, request.max_nodes)
+        except ValueError:
             raise InvalidArgumentError(
                 f"min_nodes={request.min_nodes}, max_nodes={request.max_nodes}: need "
-                f"1 <= min_nodes <= max_nodes")
+                f"1 <= min_nodes <= max_nodes") from None
         if request.max_nodes > MAX_NODES:
             raise InvalidArgumentError(f"max_nodes={request.max_nodes} exceeds {MAX_NODES}")
         if request.last_generation < 0:

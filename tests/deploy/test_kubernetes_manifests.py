@@ -94,8 +94,8 @@ def test_workers_run_the_launcher_with_flags_it_knows(resource):
     assert args.rdzv_endpoint == f"tfelastic-orchestrator:{port}"
     assert args.address == "10.0.0.7:2222"
     # --nnodes counts pods: the starting replicas must fit its bounds.
-    min_nodes, max_nodes = parse_nnodes(args.nnodes)
-    assert min_nodes <= workers["spec"]["replicas"] <= max_nodes
+    bounds = parse_nnodes(args.nnodes)
+    assert bounds.min_nodes <= workers["spec"]["replicas"] <= bounds.max_nodes
     # A preempted worker must leave before the kubelet's SIGKILL.
     assert args.stop_timeout < workers["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert args.token_file.startswith(mount_of(workers, "secret", TOKEN_SECRET) + "/")

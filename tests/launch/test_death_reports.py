@@ -12,6 +12,7 @@ from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.rendezvous import Client, Orchestrator
+from tensorflow_elastic.rendezvous.types import NodeBounds
 
 
 def _address(elasticity: InProcessElasticity, slot: int) -> str:
@@ -24,7 +25,7 @@ def _address(elasticity: InProcessElasticity, slot: int) -> str:
 
 def test_the_agent_reports_its_dead_worker_s_node_and_the_members_move_on():
     with Orchestrator("127.0.0.1", 0) as server:
-        spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
+        spec = WorkerSpec("train.py", [], server.endpoint, "job", NodeBounds(1, 3))
         elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         survivor, dying = Client(server.endpoint, "job"), Client(server.endpoint, "job")
@@ -49,7 +50,7 @@ def test_the_agent_reports_its_dead_standby_worker_at_once():
     """A worker that registered (it builds its model while the members train) and died before it
     asked to join: removed at once, not at its heartbeat timeout."""
     with Orchestrator("127.0.0.1", 0) as server:
-        spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
+        spec = WorkerSpec("train.py", [], server.endpoint, "job", NodeBounds(1, 3))
         elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         member, standby = Client(server.endpoint, "job"), Client(server.endpoint, "job")
@@ -70,7 +71,7 @@ def test_the_agent_reports_its_dead_standby_worker_at_once():
 
 def test_a_worker_that_dies_before_it_registers_is_not_reported():
     with Orchestrator("127.0.0.1", 0) as server:
-        spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
+        spec = WorkerSpec("train.py", [], server.endpoint, "job", NodeBounds(1, 3))
         elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         try:
@@ -92,7 +93,7 @@ def test_a_worker_tells_the_agent_its_id_and_generation_and_no_status_is_asked()
     """The worker writes its id to the file the agent named (membership/node_file.py): the agent
     reports its death with no look-up at the orchestrator."""
     with Orchestrator("127.0.0.1", 0) as server:
-        spec = WorkerSpec("train.py", [], server.endpoint, "job", 1, 3)
+        spec = WorkerSpec("train.py", [], server.endpoint, "job", NodeBounds(1, 3))
         elasticity = InProcessElasticity(spec, PortAllocator("127.0.0.1"),
                                          hosts_orchestrator=False)
         survivor, dying = Client(server.endpoint, "job"), Client(server.endpoint, "job")

@@ -20,10 +20,11 @@ from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, pars
 from tensorflow_elastic.observability import StepReporter, events, plot, timeline
 from tensorflow_elastic.observability.progress import ProgressTracker
 from tensorflow_elastic.rendezvous import Membership
+from tensorflow_elastic.rendezvous.types import NodeBounds
 
 
 def test_nnodes_forms():
-    assert parse_nnodes("3") == (3, 3) and parse_nnodes("2:4") == (2, 4)
+    assert parse_nnodes("3") == NodeBounds(3, 3) and parse_nnodes("2:4") == NodeBounds(2, 4)
     for bad in ("0", "4:2", "a", "1:2:3"):
         with pytest.raises(ValueError):
             parse_nnodes(bad)
@@ -40,7 +41,7 @@ def test_mode_is_detected_from_the_script(tmp_path):
     elastic, plain = tmp_path / "a.py", tmp_path / "b.py"
     elastic.write_text("import tensorflow_elastic as tfe\nruntime = tfe.init()\n")
     plain.write_text("import tensorflow as tf\ntf.distribute.MultiWorkerMirroredStrategy()\n")
-    spec = dict(args=[], rdzv_endpoint="h:1", run_id="r", min_nodes=1, max_nodes=1)
+    spec = dict(args=[], rdzv_endpoint="h:1", run_id="r", bounds=NodeBounds(1, 1))
     assert WorkerSpec(str(elastic), **spec).resolved_mode()[0] == IN_PROCESS
     assert WorkerSpec(str(plain), **spec).resolved_mode()[0] == RESTART
     assert WorkerSpec(str(elastic), mode=RESTART, **spec).resolved_mode()[0] == RESTART
@@ -186,11 +187,11 @@ def test_a_worker_s_whole_output_goes_to_its_log_file_and_the_console_gets_the_r
 
 
 def test_the_ps_roles_pass_the_token_and_the_tls_trust_to_their_processes():
-    spec = WorkerSpec("train.py", [], "", "job", 1, 1, token="s3cret", tls_ca="/etc/ca.pem")
+    spec = WorkerSpec("train.py", [], "", "job", NodeBounds(1, 1), token="s3cret", tls_ca="/etc/ca.pem")
     env = ParameterServerRoles(spec, "worker", "127.0.0.1:7070").launch(0).env
     assert env["TFE_RDZV_TOKEN"] == "s3cret" and env["TFE_RDZV_TLS_CA"] == "/etc/ca.pem"
     assert "TFE_RDZV_TOKEN" not in ParameterServerRoles(
-        WorkerSpec("train.py", [], "", "job", 1, 1), "ps", "127.0.0.1:7070").launch(0).env
+        WorkerSpec("train.py", [], "", "job", NodeBounds(1, 1)), "ps", "127.0.0.1:7070").launch(0).env
 
 
 @pytest.mark.parametrize("host, flag", [("10.0.0.5", "10.0.0.5"), ("fd00::5", "[fd00::5]")])
