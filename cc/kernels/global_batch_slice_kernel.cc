@@ -1,6 +1,7 @@
 #include "cc/kernels/global_batch_slice.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/framework/tensor_shape.h"
 
 namespace tensorflow_elastic {
 namespace {
@@ -18,6 +19,15 @@ class GlobalBatchSliceOp : public OpKernel {
   explicit GlobalBatchSliceOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
+    // Eager calls skip the op's shape function: a non-scalar input would abort the process.
+    static const char* const kNames[] = {"cursor", "global_batch_size", "num_workers",
+                                           "worker_index"};
+    for (int i = 0; i < 4; ++i) {
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      kNames[i], " must be a scalar, got shape ",
+                      ctx->input(i).shape().DebugString())));
+    }
     BatchSlice slice;
     OP_REQUIRES_OK(ctx, ComputeGlobalBatchSlice(Scalar(ctx, 0), Scalar(ctx, 1), Scalar(ctx, 2),
                                                 Scalar(ctx, 3), &slice));

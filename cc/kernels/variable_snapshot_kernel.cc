@@ -39,6 +39,10 @@ class ElasticVariableSnapshotOp : public OpKernel {
     std::vector<tensorflow::core::RefCountPtr<Var>> variables;
     std::vector<bool> on_host;
     for (int i = 0; i < ctx->num_inputs(); ++i) {
+      OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
+                  absl::InvalidArgumentError(absl::StrCat(
+                      "resource ", i, " must be a scalar handle, got shape ",
+                      ctx->input(i).shape().DebugString())));
       const ResourceHandle& handle = tensorflow::HandleFromInput(ctx, i);
       tensorflow::core::RefCountPtr<Var> variable;
       OP_REQUIRES_OK(ctx, tensorflow::LookupResource(ctx, handle, &variable));
@@ -59,6 +63,11 @@ class ElasticVariableSnapshotValuesOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
+    // Eager calls skip the op's shape function: a non-scalar id would abort the process.
+    OP_REQUIRES(ctx, tensorflow::TensorShapeUtils::IsScalar(ctx->input(0).shape()),
+                absl::InvalidArgumentError(absl::StrCat(
+                    "the snapshot id must be a scalar, got shape ",
+                    ctx->input(0).shape().DebugString())));
     const int64_t id = ctx->input(0).scalar<int64_t>()();
     std::shared_ptr<VariableSnapshot> snapshot = FindSnapshot(id);
     OP_REQUIRES(ctx, snapshot != nullptr,

@@ -89,3 +89,26 @@ def test_library_lives_inside_the_package():
     import tensorflow_elastic
 
     assert os.path.dirname(ops.LIBRARY_PATH) == os.path.dirname(tensorflow_elastic.__file__)
+
+
+@pytest.mark.parametrize("position, name", [(0, "cursor"), (1, "global_batch_size"),
+                                            (2, "num_workers"), (3, "worker_index")])
+def test_a_non_scalar_eager_input_is_an_error_not_an_abort(position, name):
+    """Eager calls skip the op's shape function: the kernel itself checks each input."""
+    args = [tf.constant(0, tf.int64), tf.constant(8, tf.int64), tf.constant(2, tf.int64),
+            tf.constant(0, tf.int64)]
+    args[position] = tf.constant([1, 2], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{name} must be a scalar"):
+        ops.global_batch_slice(*args)
+
+
+def test_a_non_scalar_snapshot_id_is_an_error_not_an_abort():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="snapshot id must be a scalar"):
+        ops.load_op_library().elastic_variable_snapshot_values(tf.constant([1, 2], tf.int64),
+                                                               [tf.float32])
+
+
+def test_a_non_scalar_resource_is_an_error_not_an_abort():
+    handles = tf.stack([tf.Variable(1.0).handle, tf.Variable(2.0).handle])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="must be a scalar handle"):
+        ops.load_op_library().elastic_variable_snapshot([handles])
