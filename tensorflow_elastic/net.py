@@ -7,6 +7,7 @@ workers share one rule for what an address is.
 from __future__ import annotations
 
 import asyncio
+import enum
 import ipaddress
 import socket
 
@@ -105,16 +106,37 @@ def local_address_towards(endpoint_host: str) -> str:
             return "127.0.0.1"
 
 
-async def reachable(address: str, timeout: float) -> bool:
-    """Whether something accepts a TCP connection at ``address`` within ``timeout`` seconds."""
+class Probe(enum.Enum):
+    """What a connection attempt says of a peer."""
+
+    ALIVE = "alive"      # something accepted the connection
+    DEAD = "dead"        # refused, or no answer within the timeout while this process kept up
+    UNKNOWN = "unknown"  # a local failure (no file descriptors, no buffers, a name that does
+                         # not resolve) or a timeout this process's own stall may explain
+
+
+# A probe's timer that fires this much later than asked means the prober itself was stalled
+# (a busy event loop, a GC pause): its timeout says nothing about the peer.
+STALL_TOLERANCE = 0.5
+
+
+async def probe(address: str, timeout: float) -> Probe:
+    """Tries a TCP connection to ``address`` for ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
     try:
         host, port = parse_address(address)
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except (OSError, ValueError, asyncio.TimeoutError):
-        return False
+    except ConnectionRefusedError:
+        return Probe.DEAD
+    except asyncio.TimeoutError:
+        late = loop.time() - started - timeout
+        return Probe.UNKNOWN if late > STALL_TOLERANCE * timeout else Probe.DEAD
+    except (OSError, ValueError):
+        return Probe.UNKNOWN
     writer.close()
-    return True
+    return Probe.ALIVE
 
 
 __all__ = ["AddressError", "format_address", "hold_port", "inherit_held_port",
-           "local_address_towards", "parse_address", "reachable"]
+           "local_address_towards", "parse_address", "Probe", "probe"]

@@ -1,6 +1,9 @@
 """The one rule for addresses, and the environment's typed readers."""
 
+import asyncio
+import errno
 import socket
+import time
 
 import pytest
 
@@ -55,3 +58,42 @@ def test_typed_environment_readers_name_the_variable(monkeypatch):
         environment.number(environment.JOIN_TIMEOUT, 1.0)
     assert environment.integer(environment.MIN_NODES, 1) == 3
     assert environment.integer(environment.MAX_NODES, 7) == 7
+
+
+def _probe(address: str, timeout: float = 1.0) -> net.Probe:
+    return asyncio.run(net.probe(address, timeout))
+
+
+def test_a_listening_peer_is_alive_and_a_closed_port_is_dead():
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert _probe(f"127.0.0.1:{listening.getsockname()[1]}") is net.Probe.ALIVE
+    with socket.socket() as bound:  # bound, never listening: connections are refused
+        bound.bind(("127.0.0.1", 0))
+        assert _probe(f"127.0.0.1:{bound.getsockname()[1]}") is net.Probe.DEAD
+
+
+@pytest.mark.parametrize("error", [OSError(errno.EMFILE, "Too many open files"),
+                                   OSError(errno.ENOBUFS, "No buffer space available"),
+                                   socket.gaierror(socket.EAI_NONAME, "Name does not resolve")])
+def test_a_local_failure_says_nothing_of_the_peer(monkeypatch, error):
+    async def fails(host, port):
+        raise error
+
+    monkeypatch.setattr(asyncio, "open_connection", fails)
+    assert _probe("127.0.0.1:9") is net.Probe.UNKNOWN
+
+
+def test_a_timeout_is_death_only_when_the_prober_kept_up(monkeypatch):
+    async def silent(host, port):
+        await asyncio.sleep(60)
+
+    monkeypatch.setattr(asyncio, "open_connection", silent)
+    assert _probe("127.0.0.1:9", timeout=0.1) is net.Probe.DEAD
+
+    async def stalled_prober():
+        asyncio.get_running_loop().call_soon(time.sleep, 0.3)  # the loop stalls past the timeout
+        return await net.probe("127.0.0.1:9", 0.1)
+
+    assert asyncio.run(stalled_prober()) is net.Probe.UNKNOWN

@@ -32,7 +32,7 @@ import time
 from typing import Any, AsyncIterator, Protocol
 
 from tensorflow_elastic.observability import events as ev
-from tensorflow_elastic.net import reachable
+from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import refusals
 from tensorflow_elastic.rendezvous.errors import RendezvousTimeoutError
 from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
@@ -42,6 +42,10 @@ from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
+
+
+# Connection attempts to reported peers that one run makes at once.
+MAX_CONCURRENT_PROBES = 16
 
 
 class RunObserver(Protocol):
@@ -64,6 +68,9 @@ class Run:
         self._observer = observer
         self._committer = GroupCommitter(store, state.run_id, functools.partial(encode, state))
         self._timer_wake = asyncio.Event()
+        # Connection attempts to reported peers under way at once, at most: a burst of reports
+        # must not exhaust this process's file descriptors (which would fail every probe).
+        self._probes = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
@@ -542,12 +549,15 @@ class Run:
     # -------------------------------------------------------------- timers
 
     async def _is_dead(self, peer: int, address: str) -> bool:
-        """A reported peer is dead if it went quiet for half the heartbeat timeout, or if
-        nothing accepts a connection at its address."""
+        """A reported peer is dead if it went quiet for half the heartbeat timeout, or if its
+        address refuses a connection or stays silent while this process keeps up. A local
+        failure (no file descriptors, no buffers) or a timeout this process's own stall may
+        explain says nothing of the peer: it stays, and its heartbeats decide."""
         silent = self._liveness.silent_for(peer, time.monotonic())
         if silent > self._settings.heartbeat_timeout / 2:
             return True
-        return not await reachable(address, self._settings.probe_timeout)
+        async with self._probes:
+            return await probe(address, self._settings.probe_timeout) is Probe.DEAD
 
     async def _timer_loop(self) -> None:
         """Failure detector, last call and below-min deadline, sleeping until the next is due."""

@@ -191,3 +191,31 @@ def test_barriers_and_exchanges_of_one_generation_are_capped(serve):
             member.barrier("d", timeout=5)
     assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "--max_gathers" in info.value.message
+
+
+def test_probes_of_reported_peers_are_bounded(monkeypatch):
+    """A burst of reports must not open a connection per peer at once (file descriptors)."""
+    from tensorflow_elastic.net import Probe
+    from tensorflow_elastic.rendezvous import run as run_module
+
+    active, most = 0, 0
+
+    async def slow_probe(address, timeout):
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        await asyncio.sleep(0.01)
+        active -= 1
+        return Probe.UNKNOWN
+
+    monkeypatch.setattr(run_module, "probe", slow_probe)
+
+    async def main() -> list[bool]:
+        run = Run(RunState.new("job", 1, 2, RunSettings()), RunSettings(), MemoryStore(),
+                  EventLog(None), Metrics())
+        return await asyncio.gather(*(run._is_dead(peer, f"127.0.0.1:{20000 + peer}")
+                                      for peer in range(100)))
+
+    verdicts = asyncio.run(main())
+    assert most == run_module.MAX_CONCURRENT_PROBES
+    assert not any(verdicts), "a probe that says nothing of the peer keeps it"
