@@ -122,6 +122,7 @@ class RendezvousService:
         for run in self._runs.values():
             await run.close()
         await asyncio.gather(*self._deleting.values(), return_exceptions=True)
+        self._store.close()
 
     async def _expire_idle_runs(self) -> None:
         """Deletes runs that have had no live node for ``run_expiry`` seconds, from memory and

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import fcntl
 import hashlib
 import json
 import logging
@@ -51,6 +52,13 @@ class MembershipStore(abc.ABC):
         """Forgets a run (it expired); durable when it returns. Called off the event loop,
         never while a save of the run is under way."""
 
+    def close(self) -> None:
+        """Lets go of what the store holds (another orchestrator may use it next)."""
+
+
+class StoreInUse(RuntimeError):
+    """Another orchestrator holds the store."""
+
 
 class MemoryStore(MembershipStore):
     """No persistence: state lives as long as the process (no --state_dir)."""
@@ -81,10 +89,31 @@ class FileStore(MembershipStore):
     _SUFFIX = ".run.json"
     _TEMP_PREFIX = ".tmp-"
     _SET_ASIDE_SUFFIX = ".corrupt"
+    LOCK_NAME = ".lock"
 
     def __init__(self, directory: str):
+        """Raises StoreInUse when another orchestrator holds the directory: a second one
+        would delete the first one's temporary files and overwrite its saves."""
         self.directory = os.path.abspath(directory)
         os.makedirs(self.directory, exist_ok=True)
+        self._lock = os.open(os.path.join(self.directory, self.LOCK_NAME),
+                             os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._lock, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self._lock)
+            raise StoreInUse(
+                f"the state directory {self.directory} is in use by another orchestrator "
+                f"(pid {holder}); give each orchestrator its own --state_dir, or run replicas "
+                f"on one etcd store (--store etcd://...)") from None
+        os.ftruncate(self._lock, 0)
+        os.pwrite(self._lock, f"{os.getpid()}\n".encode(), 0)
+
+    def close(self) -> None:
+        if self._lock >= 0:
+            os.close(self._lock)  # releases the lock
+            self._lock = -1
 
     def _path(self, run_id: str) -> str:
         return os.path.join(self.directory,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -13,7 +16,8 @@ import pytest
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import Client
-from tensorflow_elastic.rendezvous.store import FileStore, GroupCommitter, MemoryStore
+from tensorflow_elastic.rendezvous.store import (FileStore, GroupCommitter, MemoryStore,
+                                                  StoreInUse)
 
 # Node addresses: nothing needs to listen there.
 FIRST_NODE_PORT = 21000
@@ -62,6 +66,7 @@ def test_file_store_round_trip(tmp_path):
     store.save("job/1 ü", {"run_id": "job/1 ü", "generation": 3})
     store.save("other", {"run_id": "other", "generation": 1})
     store.save("other", {"run_id": "other", "generation": 2})
+    store.close()
     assert FileStore(str(tmp_path)).load() == {"job/1 ü": {"run_id": "job/1 ü", "generation": 3},
                                                "other": {"run_id": "other", "generation": 2}}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
@@ -180,5 +185,30 @@ def test_a_state_dir_of_the_former_naming_loads(tmp_path):
     store = FileStore(str(tmp_path))
     assert store.load() == {"job": {"run_id": "job", "generation": 3}}
     store.save("job", {"run_id": "job", "generation": 4})
+    store.close()
     assert FileStore(str(tmp_path)).load() == {"job": {"run_id": "job", "generation": 4}}
-    assert len(list(tmp_path.iterdir())) == 1
+    assert len([p for p in tmp_path.iterdir() if p.name != FileStore.LOCK_NAME]) == 1
+
+
+def test_a_second_orchestrator_on_the_same_state_dir_is_refused_and_the_first_keeps_it(tmp_path):
+    first = FileStore(str(tmp_path))
+    first.save("job", {"run_id": "job", "generation": 1})
+    with pytest.raises(StoreInUse, match=f"in use by another orchestrator \\(pid {os.getpid()}\\)"):
+        FileStore(str(tmp_path))
+    first.save("job", {"run_id": "job", "generation": 2})  # its files are untouched
+    first.close()
+    second = FileStore(str(tmp_path))  # free once the first let go
+    assert second.load() == {"job": {"run_id": "job", "generation": 2}}
+    second.close()
+
+
+def test_the_orchestrator_cli_refuses_a_state_dir_another_one_holds(tmp_path, subprocess_env):
+    holder = FileStore(str(tmp_path))
+    try:
+        done = subprocess.run([sys.executable, "-m", "tensorflow_elastic.rendezvous", "--port",
+                               "0", "--state_dir", str(tmp_path)], env=subprocess_env,
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        holder.close()
+    assert done.returncode != 0
+    assert "in use by another orchestrator" in done.stderr + done.stdout
