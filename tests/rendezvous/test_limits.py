@@ -19,7 +19,7 @@ from tensorflow_elastic.rendezvous import run_state
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import Node, RunState
-from tensorflow_elastic.rendezvous.store import MemoryStore
+from tensorflow_elastic.rendezvous.store import FileStore, MemoryStore
 
 from tests.conftest import wait_until
 
@@ -73,16 +73,21 @@ def test_runs_beyond_the_limit_are_refused(serve):
     assert len(stub.Status(pb.StatusRequest(), timeout=10).runs) == 3
 
 
+def _run_files(state_dir) -> list[str]:
+    """The runs' files in a state directory (not the orchestrator's lock)."""
+    return [name for name in os.listdir(state_dir) if name != FileStore.LOCK_NAME]
+
+
 def test_an_ended_run_expires_from_memory_and_store(serve, tmp_path):
     server, stub = serve(state_dir=str(tmp_path), run_expiry=0.5, heartbeat_timeout=30)
     with Client(server.endpoint, "done") as done, Client(server.endpoint, "busy") as busy:
         done.join("127.0.0.1:20001", 1, 1, timeout=10)
         busy.join("127.0.0.1:20002", 1, 1, timeout=10)
-        assert len(os.listdir(tmp_path)) == 2
+        assert len(_run_files(tmp_path)) == 2
         done.leave("job complete")
         wait_until(lambda: [r.run_id for r in busy.status(all_runs=True)] == ["busy"],
                    timeout=10, what="the completed run to expire")
-        assert len(os.listdir(tmp_path)) == 1
+        assert len(_run_files(tmp_path)) == 1
         time.sleep(1.0)
         assert busy.heartbeat().member  # a run with a live node stays
     with Client(server.endpoint, "done") as next_job:  # the run id is free for a new job
