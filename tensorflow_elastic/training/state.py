@@ -8,10 +8,15 @@ world size.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import logging
 import os
+import secrets
+import socket
 import time
+import zipfile
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import numpy as np
@@ -21,6 +26,8 @@ from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.training import plain_data
+
+logger = logging.getLogger(__name__)
 
 # Values a commit can keep as they are: copying them would only cost time.
 _IMMUTABLE_TYPES = (int, float, bool, str, bytes, type(None))
@@ -329,22 +336,40 @@ class TensorFlowState(State):
                            seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
-    def write(self, path: str) -> None:
+    def write(self, path: str) -> bool:
         """Writes the last snapshot (variables, Python values, commit count) to `path` at once
         (a new file replaces the old one): what `read` loads when the whole job restarts.
 
         Call it on one node (the chief), after a commit. The Python values must
-        be JSON-serializable (epoch, batch, ...).
+        be JSON-serializable (epoch, batch, ...). A file of a later commit is left
+        as it is (a member that fell behind must not take the job back): returns
+        whether it wrote. On shared storage the temporary file's name is unique to
+        this host and process, and the directory is synced after the rename.
         """
+        if _saved_commits(path) > self._saved_commits:
+            logger.warning("%s holds a later commit than %d; left as it is", path,
+                           self._saved_commits)
+            return False
         meta = json.dumps({"layout": _layout(self._all_variables()),
                            "values": self._committed, "commits": self._saved_commits})
         arrays = {f"v{i}": value.numpy() for i, value in enumerate(self._snapshot.saved_values())}
-        temporary = f"{path}.{os.getpid()}.tmp"
-        with open(temporary, "wb") as f:
-            np.savez(f, meta=np.array(meta), **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, path)
+        temporary = f"{path}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            with open(temporary, "wb") as f:
+                np.savez(f, meta=np.array(meta), **arrays)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return True
 
     def read(self, path: str) -> bool:
         """Loads what `write` wrote to `path`, if it exists; returns whether it did.
@@ -415,6 +440,15 @@ class KerasState(TensorFlowState):
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
         return variables
+
+
+def _saved_commits(path: str) -> int:
+    """The commit a file `write` wrote holds (-1: no such file, or not one `read` can load)."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            return int(json.loads(str(saved["meta"]))["commits"])
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return -1
 
 
 def _layout(variables: list[tf.Variable]) -> list[tuple[str, tuple, str]]:

@@ -6,6 +6,8 @@ members a sync gathers.
 """
 
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -414,3 +416,19 @@ def test_a_state_read_before_the_run_takes_its_input_cursors_when_it_is_bound(tm
     resumed.snapshot_extras = lambda: (None, [resumed_cursor])
     reader.bind(resumed)
     assert int(resumed_cursor.numpy()) == 42
+
+
+def test_a_member_behind_does_not_overwrite_a_later_backup_and_leaves_no_temporary_file(tmp_path):
+    path = str(tmp_path / "state.npz")
+    weights = tf.Variable([1.0])
+    ahead = tfe.TensorFlowState([weights], step=9)
+    object.__setattr__(ahead, "_saved_commits", 9)
+    assert ahead.write(path)
+    behind = tfe.TensorFlowState([tf.Variable([5.0])], step=4)
+    object.__setattr__(behind, "_saved_commits", 4)
+    assert not behind.write(path)
+    fresh = tfe.TensorFlowState([tf.Variable([0.0])], step=0)
+    assert fresh.read(path) and fresh.step == 9 and fresh.commits == 9
+    assert os.listdir(tmp_path) == ["state.npz"]
+    (tmp_path / "state.npz").write_bytes(b"not a zip")  # a torn file is replaced
+    assert behind.write(path)
