@@ -5,7 +5,6 @@ real workers. Here a stand-in job (what the runtime hands a State) plays the
 members a sync gathers.
 """
 
-
 import os
 
 import numpy as np
