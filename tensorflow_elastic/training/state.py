@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
-from tensorflow_elastic.training import plain_data
+from tensorflow_elastic.training import layouts, plain_data
 
 logger = logging.getLogger(__name__)
 
@@ -214,18 +214,6 @@ def _state_message(blob: bytes) -> tuple[dict[str, Any], int]:
     return message["values"], message["commits"]
 
 
-def _layout_message(blob: bytes) -> list[tuple[str, tuple, str]]:
-    """A member's state layout from the bytes it exchanged, checked."""
-    message = plain_data.decode(blob)
-    if not isinstance(message, list) or not all(
-            isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)
-            and isinstance(entry[1], tuple) and isinstance(entry[2], str)
-            and all(n is None or type(n) is int for n in entry[1]) for entry in message):
-        raise plain_data.NotPlainData("a member's exchanged layout is not a list of "
-                                      "(name, shape, dtype)")
-    return message
-
-
 def furthest_ahead(commits: dict[int, int]) -> int:
     """The node whose state every member takes at a sync: the most commits, the lowest id on ties."""
     return max(commits, key=lambda node_id: (commits[node_id], -node_id))
@@ -314,7 +302,7 @@ class TensorFlowState(State):
         """State.sync() plus the variables, broadcast from the member furthest ahead to the
         members that need them (see needing_state(): none after a crash or a leave of members
         at the same commit, the newcomers after a growth). Before a broadcast, every member's
-        state layout is checked against the source's (see _check_layouts).
+        state layout is checked against the source's (see layouts.check).
 
         Records a `state_synced` event (bytes moved, seconds) on the source and the receivers.
         """
@@ -322,7 +310,7 @@ class TensorFlowState(State):
         variables = self._all_variables()
         if variables and furthest.receivers:
             job = self._bound()
-            _check_layouts(job, variables, furthest.source)
+            layouts.check(job, layouts.describe(variables), furthest.source)
             if job.node_id == furthest.source or job.node_id in furthest.receivers:
                 started = time.perf_counter()
                 # Before the first commit a differing state is a bug to fix, not a newcomer's
@@ -350,7 +338,7 @@ class TensorFlowState(State):
             logger.warning("%s holds a later commit than %d; left as it is", path,
                            self._saved_commits)
             return False
-        meta = json.dumps({"layout": _layout(self._all_variables()),
+        meta = json.dumps({"layout": layouts.describe(self._all_variables()),
                            "values": self._committed, "commits": self._saved_commits})
         arrays = {f"v{i}": value.numpy() for i, value in enumerate(self._snapshot.saved_values())}
         temporary = f"{path}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
@@ -405,11 +393,11 @@ class TensorFlowState(State):
 
     def _load(self, path: str, layout: list, values: list, variables: list) -> None:
         """Gives `variables` the `values` read from `path` when their layouts agree."""
-        mine = json.loads(json.dumps(_layout(variables)))
+        mine = json.loads(json.dumps(layouts.describe(variables)))
         if layout != mine:
             raise StateLayoutMismatch(
                 f"the state saved in {path} differs from this node's "
-                f"{_first_difference(mine, layout, 'the file has')}: build the model, optimizer "
+                f"{layouts.first_difference(mine, layout, 'the file has')}: build the model, optimizer "
                 f"and inputs as the job that wrote it did, or start from another file")
         for variable, value in zip(variables, values):
             _local_copy(variable).assign(value)
@@ -449,46 +437,6 @@ def _saved_commits(path: str) -> int:
             return int(json.loads(str(saved["meta"]))["commits"])
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
         return -1
-
-
-def _layout(variables: list[tf.Variable]) -> list[tuple[str, tuple, str]]:
-    """What a sync needs equal on every member: each variable's name, shape and dtype, in order."""
-    # Keras 3 variables give their shape as a tuple and their dtype as a string.
-    return [(getattr(v, "path", None) or v.name, tuple(tf.TensorShape(v.shape).as_list()),
-             tf.as_dtype(v.dtype).name) for v in variables]
-
-
-def _check_layouts(job: Job, variables: list[tf.Variable], source: int) -> None:
-    """Compares every member's state layout with the source's before any variable is sent.
-
-    A node whose layout differs raises StateLayoutMismatch naming the first
-    variable that differs (it then leaves); the others raise GenerationEnded
-    and re-form without it. Without this check the sync's broadcast fails
-    with a mismatch, and only where the differing node takes part.
-    """
-    layouts = {node_id: _layout_message(blob) for node_id, blob in
-               job.exchange("layout", plain_data.encode(_layout(variables))).items()}
-    expected = layouts[source]
-    differing = sorted(node_id for node_id, layout in layouts.items() if layout != expected)
-    if not differing:
-        return
-    if job.node_id in differing:
-        difference = _first_difference(layouts[job.node_id], expected,
-                                       "the members have")
-        raise StateLayoutMismatch(
-            f"this node's state differs from the members' {difference}. Build the same model, "
-            f"optimizer and inputs on every node (same code, same order) before training")
-    raise GenerationEnded(f"node(s) {differing} hold a different state layout; they leave")
-
-
-def _first_difference(mine: list, expected: list, theirs: str) -> str:
-    """Where two layouts first differ, for an error message."""
-    first = next((i for i, (a, b) in enumerate(zip(mine, expected)) if a != b),
-                 min(len(mine), len(expected)))
-    have = mine[first] if first < len(mine) else "nothing"
-    want = expected[first] if first < len(expected) else "nothing"
-    return (f"at variable #{first}: it has {have}, {theirs} {want} ({len(mine)} vs "
-            f"{len(expected)} variables)")
 
 
 def _optimizer_built(optimizer) -> bool:

@@ -15,6 +15,7 @@ import tensorflow_elastic as tfe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
+from tensorflow_elastic.training import layouts as layouts_lib
 from tensorflow_elastic.training import plain_data
 from tensorflow_elastic.training.state import furthest_ahead, needing_state
 
@@ -147,10 +148,11 @@ def _members_ahead(state, broadcast, events_file=None, layouts=None):
     ahead = _state({"step": 7}, 7)
 
     def exchange(topic, blob):
-        if topic != "layout":
+        if topic == "state":
             return {0: ahead, 1: blob}
+        message = layouts_lib.digest if topic == "layout" else layouts_lib.detail
         shared = {0: blob, 1: blob}
-        shared.update({node: plain_data.encode(layout) for node, layout in (layouts or {}).items()})
+        shared.update({node: message(layout) for node, layout in (layouts or {}).items()})
         return shared
 
     state.bind(_Job(exchange, broadcast, events_file))
@@ -273,7 +275,7 @@ def test_members_that_never_committed_take_the_chiefs_variables():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
     broadcasts = _recording_broadcasts(state, lambda topic, blob: {
-                                  0: blob if topic == "layout" else _state({"step": 0}, 0),
+                                  0: blob if topic != "state" else _state({"step": 0}, 0),
                                   1: blob}, generation=1)
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ. At the
@@ -288,8 +290,8 @@ def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync():
     object.__setattr__(state, "_commits", 7)
     newcomer = _state({"step": 0}, 0)
     broadcasts = _recording_broadcasts(state, lambda topic, blob: {
-                                  0: blob if topic == "layout" else _state({"step": 7}, 7),
-                                  1: blob, 2: blob if topic == "layout" else newcomer}, generation=3)
+                                  0: blob if topic != "state" else _state({"step": 7}, 7),
+                                  1: blob, 2: blob if topic != "state" else newcomer}, generation=3)
     state.sync()
     # Node 0 sends to node 2 only; node 1 holds the same commit already.
     assert broadcasts == []
