@@ -91,15 +91,18 @@ def test_leader_killed_during_a_reform(replicas, start_workers, tmp_path):
 
 
 def test_leader_killed_during_a_newcomers_join(replicas, start_workers, tmp_path, wait):
-    first = start_workers(_endpoints(replicas), 2, min_nodes=2, max_nodes=3, steps=STEPS)
+    # Steps enough for a newcomer that takes seconds to import TensorFlow on a loaded machine
+    # to join before the members finish (it registered 1.5 s before their end once in CI).
+    steps = 3 * STEPS
+    first = start_workers(_endpoints(replicas), 2, min_nodes=2, max_nodes=3, steps=steps)
     for w in first:
         w.wait_for_step(10)
-    newcomer = start_workers(_endpoints(replicas), 1, min_nodes=2, max_nodes=3, steps=STEPS)[0]
+    newcomer = start_workers(_endpoints(replicas), 1, min_nodes=2, max_nodes=3, steps=steps)[0]
     wait(lambda: len(_read(tmp_path, events.NODE_JOINED)) == 3, timeout=60,
          what="the newcomer to register")
     leader = _leader(tmp_path, replicas)
     leader.kill(signal.SIGKILL)
-    _check_finished(first + [newcomer])
+    _check_finished(first + [newcomer], steps)
     assert newcomer.steps[0]["world"] == 3
     _check_failover(tmp_path, leader)
 
