@@ -50,7 +50,8 @@ class _Member:
 def test_sixteen_members_check_two_thousand_variables_through_the_orchestrator(differing):
     layout = _big_layout()
     other = layout[:1000] + [(layout[1000][0], (768, 1), "float32")] + layout[1001:]
-    with Orchestrator("127.0.0.1", 0) as server:
+    # The test's clients send no heartbeats: a timeout no loaded machine reaches.
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=120)) as server:
         clients = [Client(server.endpoint, "job") for _ in range(MEMBERS)]
         try:
             with concurrent.futures.ThreadPoolExecutor(MEMBERS) as pool:
