@@ -20,6 +20,7 @@ _LAZY = {
     "PSClient": "tensorflow_elastic.ps.client",
     "PSError": "tensorflow_elastic.ps.errors",
     "CheckpointError": "tensorflow_elastic.ps.checkpoint",
+    "TrainingDiverged": "tensorflow_elastic.errors",
     "run": "tensorflow_elastic.ps.api",
     "keras_gradient_fn": "tensorflow_elastic.ps.api",
     "ROLE_ENV": "tensorflow_elastic.ps.roles",

@@ -50,6 +50,7 @@ class FakeBackend:
         self.registered: list[str] = []
         self.forgotten: set[str] = set()
         self.submitted: list[Gradient] = []
+        self.diverged: list[tuple[str, str]] = []
 
     def add_worker(self, worker_id: str, secret: str) -> tuple[str, str]:
         worker_id = worker_id or "0"
@@ -65,6 +66,12 @@ class FakeBackend:
 
     def submit(self, gradient: Gradient) -> None:
         self.submitted.append(gradient)
+
+    def wait_dealt_with(self, gradient: Gradient, timeout: float) -> bool:
+        return True
+
+    def diverge(self, worker_id: str, what: str) -> None:
+        self.diverged.append((worker_id, what))
 
     def live_workers(self) -> list[str]:
         return list(self.registered)
