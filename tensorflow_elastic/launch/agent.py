@@ -261,7 +261,7 @@ class LocalAgent:
             self._view = self._view.with_node(slot, self.membership.report_death(slot,
                                                                                failure.cause))
         self._info("worker %d (%s, pid %d) failed: %s", slot, self._who(slot), failure.pid,
-                   failure.cause)
+                   failure.brief)
 
     def _restart_group(self) -> AgentResult | None:
         self._stop_workers()

@@ -128,6 +128,14 @@ class WorkerFailure:
             return f"{self.exit_reason}: {self.error_type}: {self.message}".strip()
         return self.exit_reason
 
+    @property
+    def brief(self) -> str:
+        """The cause, without a message the worker printed itself (an error that ends the job by
+        design says what to change once, not on every line about it)."""
+        if self.restartable or not self.error_type:
+            return self.cause
+        return f"{self.exit_reason}: {self.error_type}"
+
     @classmethod
     def collect(cls, local_rank: int, node_id: int | None, pid: int, exit_code: int,
                 error_file: str, output_tail: list[str], log_file: str | None = None,
@@ -176,7 +184,7 @@ def root_cause_summary(failures: list[WorkerFailure], title: str) -> str:
         lines.append(f"  full output: {first.log_file}")
     if len(ordered) > 1:
         lines.append("Other failures:")
-        lines += [f"  {_who(f)} (local rank {f.local_rank}, pid {f.pid}): {f.cause}"
+        lines += [f"  {_who(f)} (local rank {f.local_rank}, pid {f.pid}): {f.brief}"
                   for f in ordered[1:]]
     lines.append(rule)
     return "\n".join(lines)

@@ -75,6 +75,7 @@ def test_an_error_that_ends_the_job_by_design_is_its_message_and_is_not_restarta
     assert "  worker:     PS worker\n" in text and "traceback" not in text
     assert "cause:      exit code 1: TrainingDiverged: the training diverged: the loss" in text
     assert "  PS worker (local rank 0, pid 101): killed by SIGKILL" in text
+    assert failure.brief == "exit code 1: TrainingDiverged"
     assert "node" not in text
 
 
