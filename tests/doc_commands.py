@@ -16,9 +16,14 @@ import shlex
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FENCE = re.compile(r"^```(\w*)\s*$")
-# The launcher as the docs call it: `tfelastic-run` or `.venv/bin/tfelastic-run`.
-LAUNCHER = re.compile(r"^(?:\.venv/bin/)?tfelastic-run$")
-
+# The console scripts (pyproject.toml), as the docs call them (bare or from .venv/bin/), and the
+# module each runs as ``python -m`` (``tfelastic-run`` is also python -m ...distributed.launch).
+ENTRY_POINTS = {
+    "tfelastic-run": "tensorflow_elastic.distributed.launch",
+    "tfelastic": "tensorflow_elastic.cli",
+    "tfelastic-orchestrator": "tensorflow_elastic.rendezvous",
+    "tensorflowrun": "tensorflow_elastic.launch.tensorflowrun",
+}
 
 @dataclasses.dataclass(frozen=True)
 class Block:
@@ -81,10 +86,9 @@ def block_with(path: str, needle: str) -> Block:
     return block
 
 
-def launcher_args(command: str, substitutions: dict[str, str]) -> list[str]:
-    """The arguments of a documented ``tfelastic-run`` command; each word that is a key of
-    ``substitutions`` is replaced by its value."""
+def module_and_args(command: str, substitutions: dict[str, str]) -> tuple[str, list[str]]:
+    """The module a documented console-script command runs, and its arguments; each word
+    that is a key of ``substitutions`` is replaced by its value."""
     words = shlex.split(command)
-    if not LAUNCHER.match(words[0]):
-        raise ValueError(f"not a tfelastic-run command: {command}")
-    return [substitutions.get(word, word) for word in words[1:]]
+    module = ENTRY_POINTS[words[0].removeprefix(".venv/bin/")]
+    return module, [substitutions.get(word, word) for word in words[1:]]

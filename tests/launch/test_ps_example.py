@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.doc_commands import REPO_ROOT, block_with, docstring_commands, launcher_args
+from tests.doc_commands import REPO_ROOT, block_with, docstring_commands, module_and_args
 
 pytestmark = pytest.mark.multiprocess
 
@@ -35,16 +35,29 @@ def documented(source: str) -> tuple[str, str]:
 def start_job(start, port, tmp_path, source: str, policy: str | None = None,
               extra: tuple[str, ...] = ()):
     """Starts both documented commands (the workers wait for the PS by themselves)."""
-    address = f"127.0.0.1:{port()}"
-    substitutions = {DOC_ADDRESS: address, EXAMPLE: os.path.join(REPO_ROOT, EXAMPLE),
-                     "/tmp/ps-ckpt": str(tmp_path / "ps-ckpt")}
+    substitutions = _substitutions(port, tmp_path)
     jobs = []
     for command in documented(source):
-        args = launcher_args(command, substitutions)
+        module, args = module_and_args(command, substitutions)
         if policy is not None:
             args[args.index("--policy") + 1] = policy
-        jobs.append(start(*args, *extra))
-    return jobs
+        jobs.append(start(*args, *extra, module=module))
+    return jobs, substitutions
+
+
+def _substitutions(port, tmp_path) -> dict[str, str]:
+    return {DOC_ADDRESS: f"127.0.0.1:{port()}", EXAMPLE: os.path.join(REPO_ROOT, EXAMPLE),
+            "/tmp/ps-ckpt": str(tmp_path / "ps-ckpt")}
+
+
+def _look_and_steer(start, ps, substitutions) -> None:
+    """docs/ps.md's ps-status and ps-configure, as written, at the PS the docs' commands started."""
+    ps.wait_for(r"listening on")
+    for command in block_with(DOC, "tfelastic ps-status").commands:
+        module, args = module_and_args(command, substitutions)
+        cli = start(*args, module=module)
+        assert cli.wait(60) == 0, cli.tail()
+        assert re.search(r"policy asypq|\"synch_block_size\": 2", cli.output), cli.output
 
 
 def _final_loss(ps) -> float:
@@ -57,9 +70,10 @@ def test_the_documented_example_converges_with_every_policy(start, port, tmp_pat
     # asypq is the default: docs/ps.md's commands as written; the others: the docstring's,
     # which name the policy.
     if policy == "asypq":
-        ps, workers = start_job(start, port, tmp_path, DOC)
+        (ps, workers), substitutions = start_job(start, port, tmp_path, DOC)
+        _look_and_steer(start, ps, substitutions)
     else:
-        ps, workers = start_job(start, port, tmp_path, EXAMPLE, policy)
+        (ps, workers), _ = start_job(start, port, tmp_path, EXAMPLE, policy)
     assert workers.wait(JOB_S) == 0, workers.tail()
     assert ps.wait(JOB_S) == 0, ps.tail()
     assert _final_loss(ps) < CONVERGED, ps.tail()
@@ -67,7 +81,7 @@ def test_the_documented_example_converges_with_every_policy(start, port, tmp_pat
 
 
 def test_a_diverging_job_ends_with_one_clear_message_and_no_restart(start, port, tmp_path):
-    ps, workers = start_job(start, port, tmp_path, DOC, extra=("--learning_rate", "2.0"))
+    (ps, workers), _ = start_job(start, port, tmp_path, DOC, extra=("--learning_rate", "2.0"))
     assert workers.wait(JOB_S) == 1, workers.tail()
     assert ps.wait(JOB_S) == 1, ps.tail()
     for job in (ps, workers):
