@@ -68,6 +68,8 @@ class LocalAgent:
         self._stderr = stderr or sys.stderr
         self._workers: list[WorkerProcess | None] = [None] * spec.nproc_per_node
         self._exit_codes: list[int | None] = [None] * spec.nproc_per_node
+        # Slots whose worker failed with an error a restart cannot fix.
+        self._final: set[int] = set()
         self._view = View.unknown(spec.nproc_per_node)
         self._formed: View | None = None  # the nodes this agent joined for its workers
         self._attempt = 0
@@ -122,7 +124,8 @@ class LocalAgent:
                 for slot in failed:
                     self._record_failure(slot)
             seen = Situation(tuple(self._exit_codes), tuple(failed), self.restarts,
-                             self.spec.max_restarts, self._view.changed)
+                             self.spec.max_restarts, self._view.changed,
+                             tuple(sorted(self._final)))
             for action in decide(self.mode.scope, seen):
                 result = self._act(action)
                 if result is not None:
@@ -199,16 +202,18 @@ class LocalAgent:
                 held.close()
         self._workers[slot] = worker
         self._exit_codes[slot] = None
-        self._info("worker %d started: pid %d, node %s", slot, worker.pid,
-                   self._node_text(slot))
+        self._info("worker %d started: pid %d, %s", slot, worker.pid, self._who(slot))
 
     def _label(self, slot: int) -> str:
         node_id = self._view.node_ids[slot]
         return f"node {node_id}" if node_id is not None else f"worker {slot}"
 
-    def _node_text(self, slot: int) -> str:
+    def _who(self, slot: int) -> str:
+        """The mode's name for its workers, else the slot's node."""
+        if self.mode.worker_name:
+            return self.mode.worker_name
         node_id = self._view.node_ids[slot]
-        return str(node_id) if node_id is not None else "(assigned when it joins)"
+        return f"node {node_id if node_id is not None else '(assigned when it joins)'}"
 
     def _poll(self) -> list[int]:
         """Slots whose worker just ended with a non-zero code."""
@@ -222,7 +227,7 @@ class LocalAgent:
             worker.wait_output()
             self._exit_codes[slot] = code
             if code == 0:
-                self._info("worker %d (node %s) finished", slot, self._node_text(slot))
+                self._info("worker %d (%s) finished", slot, self._who(slot))
             else:
                 failed.append(slot)
         return failed
@@ -243,8 +248,10 @@ class LocalAgent:
         worker = self._workers[slot]
         failure = WorkerFailure.collect(slot, self._view.node_ids[slot], worker.pid,
                                         self._exit_codes[slot], worker.error_file, worker.tail(),
-                                        worker.log_file)
+                                        worker.log_file, self.mode.worker_name)
         self.failures.append(failure)
+        if not failure.restartable:
+            self._final.add(slot)
         self._events.record(events.FAILURE_DETECTED, node=failure.node_id,
                             generation=self._view.generation,
                             failed=[] if failure.node_id is None else [failure.node_id],
@@ -253,8 +260,8 @@ class LocalAgent:
             # Its peers may be blocked on it: the orchestrator learns it now, not at a timeout.
             self._view = self._view.with_node(slot, self.membership.report_death(slot,
                                                                                failure.cause))
-        self._info("worker %d (node %s, pid %d) failed: %s", slot, self._node_text(slot),
-                   failure.pid, failure.cause)
+        self._info("worker %d (%s, pid %d) failed: %s", slot, self._who(slot), failure.pid,
+                   failure.brief)
 
     def _restart_group(self) -> AgentResult | None:
         self._stop_workers()

@@ -5,7 +5,8 @@ it saw (the slots' exit codes, which of them just failed, its restart
 counter, whether the job's membership changed) and carries out the actions
 in order. The mode's :class:`Scope` is the one thing that differs: a worker
 that re-forms in-process (or a parameter-server role) comes back alone, a
-plain MWMS worker takes its whole group with it.
+plain MWMS worker takes its whole group with it. A worker whose error says
+a restart cannot help (e.g. the training diverged) is never restarted.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ class Situation:
     restarts: int = 0
     max_restarts: int = 0
     membership_changed: bool = False
+    # Slots whose worker failed with an error a restart cannot fix (e.g. training diverged).
+    final: tuple[int, ...] = ()
+
+
+NOT_RESTARTABLE = "a worker failed in a way a restart cannot fix"
 
 
 def decide(scope: Scope, seen: Situation) -> list[Action]:
@@ -53,6 +59,8 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
     succeeded = any(code == 0 for code in seen.exit_codes)
     if scope is Scope.GROUP:
         if seen.failed:
+            if set(seen.failed) & set(seen.final):
+                return [Action(Do.FAIL, reason=NOT_RESTARTABLE)]
             if seen.restarts >= seen.max_restarts:
                 return [_give_up(seen.restarts, seen.max_restarts)]
             return [Action(Do.RESTART_GROUP)]
@@ -63,6 +71,8 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
     for slot in seen.failed:
         if succeeded:
             actions.append(Action(Do.KEEP_DOWN, slot, "the job is complete"))
+        elif slot in seen.final:
+            actions.append(Action(Do.KEEP_DOWN, slot, "a restart cannot fix its error"))
         elif restarts >= seen.max_restarts:
             actions.append(Action(Do.KEEP_DOWN, slot,
                                   f"--max_restarts={seen.max_restarts} used up"))
@@ -70,16 +80,18 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
             restarts += 1
             codes[slot] = None
             actions.append(Action(Do.RESTART_WORKER, slot))
-    return actions + _ending(codes, restarts, seen.max_restarts)
+    return actions + _ending(codes, restarts, seen.max_restarts, bool(seen.final))
 
 
 def _ending(exit_codes: list[int | None] | tuple[int | None, ...], restarts: int,
-            max_restarts: int) -> list[Action]:
+            max_restarts: int, final: bool = False) -> list[Action]:
     """Once every worker has exited: finished if one of them completed the job."""
     if any(code is None for code in exit_codes):
         return []
     if any(code == 0 for code in exit_codes):
         return [Action(Do.FINISH)]
+    if final:
+        return [Action(Do.FAIL, reason=NOT_RESTARTABLE)]
     return [_give_up(restarts, max_restarts)]
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tensorflow_elastic.launch.decision import Action, Do, Scope, Situation, decide
+from tensorflow_elastic.launch.decision import (NOT_RESTARTABLE, Action, Do, Scope, Situation,
+                                                decide)
 
 GROUP, WORKER = Scope.GROUP, Scope.WORKER
 RUNNING = None
@@ -46,10 +47,29 @@ CASES = [
     ("worker: membership changes are the workers' own", WORKER, (RUNNING,), (), 0, 3, True, []),
     ("worker: all finished", WORKER, (0, 0, 1), (), 1, 3, False, [Action(Do.FINISH)]),
 ]
+NOT_RESTARTED = "a restart cannot fix its error"
+# (scope, exit codes, failed now, final) -> actions: errors a restart cannot fix (e.g. diverged)
+FINAL_CASES = [
+    ("group: fails at once, restarts left", GROUP, (1, RUNNING), (0,), (0,),
+     [Action(Do.FAIL, reason=NOT_RESTARTABLE)]),
+    ("worker: kept down, the others run on", WORKER, (1, RUNNING), (0,), (0,),
+     [Action(Do.KEEP_DOWN, 0, NOT_RESTARTED)]),
+    ("worker: the last one down ends the node", WORKER, (1, 1), (1,), (0, 1),
+     [Action(Do.KEEP_DOWN, 1, NOT_RESTARTED), Action(Do.FAIL, reason=NOT_RESTARTABLE)]),
+    ("worker: another failure still restarts", WORKER, (1, 1, RUNNING), (1,), (0,),
+     [Action(Do.RESTART_WORKER, 1)]),
+]
 
 
 @pytest.mark.parametrize("scope, codes, failed, restarts, max_restarts, changed, expected",
                          [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_decision(scope, codes, failed, restarts, max_restarts, changed, expected):
     seen = Situation(codes, failed, restarts, max_restarts, changed)
+    assert decide(scope, seen) == expected
+
+
+@pytest.mark.parametrize("scope, codes, failed, final, expected",
+                         [case[1:] for case in FINAL_CASES], ids=[case[0] for case in FINAL_CASES])
+def test_an_error_a_restart_cannot_fix_is_not_restarted(scope, codes, failed, final, expected):
+    seen = Situation(codes, failed, restarts=0, max_restarts=3, final=final)
     assert decide(scope, seen) == expected
