@@ -90,6 +90,7 @@ class WorkerFailure:
     traceback: str = ""
     output_tail: list[str] = dataclasses.field(default_factory=list)
     log_file: str | None = None
+    step: int | None = None  # the job's newest recorded step when it failed (None: before the first)
 
     @property
     def exit_reason(self) -> str:
@@ -110,10 +111,10 @@ class WorkerFailure:
     @classmethod
     def collect(cls, local_rank: int, node_id: int | None, pid: int, exit_code: int,
                 error_file: str, output_tail: list[str],
-                log_file: str | None = None) -> "WorkerFailure":
+                log_file: str | None = None, step: int | None = None) -> "WorkerFailure":
         """Reads the worker's error file if it wrote one; its output tail stands in otherwise."""
         failure = cls(local_rank, node_id, pid, exit_code, time.time(),
-                      output_tail=list(output_tail), log_file=log_file)
+                      output_tail=list(output_tail), log_file=log_file, step=step)
         try:
             with open(error_file, encoding="utf-8") as f:
                 data = json.load(f)

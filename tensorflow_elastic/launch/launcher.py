@@ -82,8 +82,9 @@ Every multi-word flag takes both spellings, as in torchrun: --nproc-per-node
 or --nproc_per_node.
 
 A crash is restarted (up to --max_restarts); a user error is not: when every
-worker of the node fails the same way before its first step, or a restarted
-worker fails exactly as before, the job ends at once with that error.
+worker of the node (two or more) fails the same way before the job's first
+step, or a restarted worker fails exactly as before, the job ends at once with
+that error (see docs/launcher.md).
 
 exit codes:
   0        the job completed (or, stopped by a signal, every worker had ended cleanly)
