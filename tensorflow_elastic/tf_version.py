@@ -1,15 +1,21 @@
-"""The one TensorFlow release this build works with, and the check at import.
+"""The TensorFlow release this build works with, and the check at import.
 
 The C++ op library links against TensorFlow's C++ ABI, which changes between
 releases: a mismatch crashes or fails with unreadable symbol errors, so we
-refuse early with a message that says what to install.
+refuse early with a message that says what to do. The release is the one the
+library was compiled against, which the wheel build records
+(tensorflow_elastic/_built_for.py); a source checkout built by install.sh has
+the pinned one of requirements.txt.
 """
 
 from __future__ import annotations
 
 from importlib import metadata
 
-REQUIRED_TF_VERSION = "2.21.0"
+try:
+    from tensorflow_elastic._built_for import TENSORFLOW_VERSION as REQUIRED_TF_VERSION
+except ImportError:
+    REQUIRED_TF_VERSION = "2.21.0"
 
 # Distributions that provide the `tensorflow` module.
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
@@ -54,7 +60,8 @@ def check_tensorflow_version(installed: dict[str, str] | None = None) -> str:
     if version != REQUIRED_TF_VERSION:
         raise TensorFlowVersionError(
             f"tensorflow_elastic was built for TensorFlow {REQUIRED_TF_VERSION}, "
-            f"but {name}=={version} is installed. Install the matching release "
-            f"(pip install '{name}=={REQUIRED_TF_VERSION}') or rebuild tensorflow_elastic "
-            f"against your TensorFlow with ./install.sh.")
+            f"but {name}=={version} is installed. Rebuild tensorflow_elastic against your "
+            f"TensorFlow (pip install --force-reinstall --no-deps --no-cache-dir "
+            f"<its source>, or ./install.sh in a checkout), or install the release it was "
+            f"built for (pip install '{name}=={REQUIRED_TF_VERSION}').")
     return version

@@ -33,6 +33,12 @@ def test_wrong_version_names_both_versions():
         check_tensorflow_version({"tensorflow": "2.20.0"})
 
 
+def test_wrong_version_says_to_rebuild():
+    with pytest.raises(TensorFlowVersionError, match="Rebuild tensorflow_elastic against your "
+                                                     "TensorFlow"):
+        check_tensorflow_version({"tensorflow-cpu": "9.9.0"})
+
+
 def test_two_distributions_are_refused():
     with pytest.raises(TensorFlowVersionError, match="Several TensorFlow distributions"):
         check_tensorflow_version({"tensorflow": REQUIRED, "tensorflow-cpu": REQUIRED})
