@@ -6,12 +6,13 @@
   against the TensorFlow installed in the environment (tools/build_ops.py, its
   `tf.sysconfig` flags, no Bazel), or a prebuilt one from $TFE_OPS_LIBRARY
   (install.sh passes the one `bazel build //...` made);
-- tensorflow_elastic/_built_for.py, the TensorFlow version the library was
+- tensorflow_elastic/_built_for.json, the TensorFlow version the library was
   built for, which the import checks.
 
 `pip install -v .` shows the compiler's progress (a few minutes on 2 cores).
 """
 
+import json
 import os
 import shutil
 import sys
@@ -55,9 +56,8 @@ class BuildWithArtefacts(build_py):
         except BuildError as e:
             raise SystemExit(f"error: {e}") from None
         os.chmod(target, 0o755)
-        with open(os.path.join(package, "_built_for.py"), "w", encoding="utf-8") as f:
-            f.write(f'"""Written by setup.py: the TensorFlow the op library was built for."""\n\n'
-                    f'TENSORFLOW_VERSION = "{tensorflow.version}"\n')
+        with open(os.path.join(package, "_built_for.json"), "w", encoding="utf-8") as f:
+            json.dump({"tensorflow": tensorflow.version}, f)
         log(f"the op library is for TensorFlow {tensorflow.version}")
 
 

@@ -66,3 +66,10 @@ def test_import_does_not_import_tensorflow():
         "import sys, tensorflow_elastic; print('tensorflow' in sys.modules)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_the_version_comes_from_the_build_record(tmp_path):
+    record = tmp_path / "_built_for.json"
+    assert tf_version.built_for(str(record)) == tf_version.PINNED_TF_VERSION  # a checkout
+    record.write_text('{"tensorflow": "2.20.0"}')
+    assert tf_version.built_for(str(record)) == "2.20.0"

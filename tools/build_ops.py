@@ -68,14 +68,14 @@ def probe_tensorflow(python: str = sys.executable) -> TensorFlowBuild:
                            tuple(found["link"]))
 
 
-def compile_flags(tf: TensorFlowBuild, pybind11_include: str) -> list[str]:
+def compile_flags(root: str, tf: TensorFlowBuild, pybind11_include: str) -> list[str]:
     python_include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(python_include, "Python.h")):
         raise BuildError(f"Python's headers are missing ({python_include}/Python.h), needed by "
                          f"the op library's Python binding: install python3-dev (Debian/Ubuntu) "
                          f"or python3-devel, or use a Python that has them")
     external = os.path.join(tf.include, "external")
-    return [*tf.compile_flags, "-fPIC", "-O2", "-g0", *WARNINGS,
+    return [*tf.compile_flags, "-fPIC", "-O2", "-g0", *WARNINGS, f"-I{root}",
             f"-I{external}/com_github_grpc_grpc/include", f"-I{external}/farmhash_archive/src",
             f"-I{python_include}", f"-I{pybind11_include}"]
 
@@ -88,7 +88,7 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
         raise BuildError(f"no C++ compiler ({compiler} not found): install g++ (build-essential) "
                          f"or set CXX")
     sources = sorted(p for pattern in SOURCES for p in glob.glob(os.path.join(root, pattern)))
-    flags = compile_flags(tf, pybind11_include)
+    flags = compile_flags(root, tf, pybind11_include)
     jobs = jobs or os.cpu_count() or 1
     log(f"building the op library against TensorFlow {tf.version}: {len(sources)} sources, "
         f"{jobs} at a time, about 15 s each ({compiler})")
@@ -100,12 +100,15 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
             return obj
 
         done = []
-        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        pool = concurrent.futures.ThreadPoolExecutor(jobs)
+        try:
             futures = {pool.submit(compile_one, s): s for s in sources}
             for future in concurrent.futures.as_completed(futures):
                 done.append(future.result())
                 log(f"  [{len(done)}/{len(sources)}] {os.path.relpath(futures[future], root)} "
                     f"({time.monotonic() - started:.0f} s)")
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a failure, the rest is not compiled
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         _run([compiler, "-shared", "-s", *sorted(done), "-o", out, *tf.link_flags])
     log(f"built {out} in {time.monotonic() - started:.0f} s")
