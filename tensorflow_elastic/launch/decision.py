@@ -1,9 +1,10 @@
 """What the agent does after a check of its workers: a pure decision, apart from the doing.
 
 The agent polls its workers, then asks :func:`decide` what follows from what
-it saw (the slots' exit codes, which of them just failed, its restart
-counter, whether the job's membership changed) and carries out the actions
-in order. The mode's :class:`Scope` is the one thing that differs: a worker
+it saw (the slots' exit codes, which of them failed and wait for its
+answer, its restart counter, whether the job's membership changed, whether
+the failures are a user error a restart would repeat: launch/repeats.py) and
+carries out the actions in order. The mode's :class:`Scope` is the one thing that differs: a worker
 that re-forms in-process (or a parameter-server role) comes back alone, a
 plain MWMS worker takes its whole group with it. A worker whose error says
 a restart cannot help (e.g. the training diverged) is never restarted.
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+
+from tensorflow_elastic.launch.repeats import UserError
 
 
 class Scope(enum.Enum):
@@ -27,8 +30,9 @@ class Do(enum.Enum):
     KEEP_DOWN = "keep_down"            # leave the dead slot down, saying why
     RESTART_GROUP = "restart_group"    # a worker failed: re-form and start all (counts)
     REFORM_GROUP = "reform_group"      # the membership changed: re-form and start all
+    HOLD = "hold"                      # failed slots wait for the others (see Situation)
     FINISH = "finish"                  # the job completed
-    FAIL = "fail"                      # give up, saying why
+    FAIL = "fail"                      # give up, saying why, with exit_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,11 +40,18 @@ class Action:
     do: Do
     slot: int | None = None
     reason: str = ""
+    exit_code: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Situation:
-    """What one check saw: each slot's exit code (None: running) and the agent's counters."""
+    """What one check saw: each slot's exit code (None: running), the failed slots not yet
+    acted on, and the agent's counters.
+
+    ``user_error``: the failures are ones a restart would repeat. ``awaiting_others``: the
+    failed slots failed the same way before the first step while others still run, which
+    may yet fail so too; they are held a while instead of restarted.
+    """
 
     exit_codes: tuple[int | None, ...]
     failed: tuple[int, ...] = ()
@@ -49,6 +60,8 @@ class Situation:
     membership_changed: bool = False
     # Slots whose worker failed with an error a restart cannot fix (e.g. training diverged).
     final: tuple[int, ...] = ()
+    user_error: UserError | None = None
+    awaiting_others: bool = False
 
 
 NOT_RESTARTABLE = "a worker failed in a way a restart cannot fix"
@@ -57,6 +70,13 @@ NOT_RESTARTABLE = "a worker failed in a way a restart cannot fix"
 def decide(scope: Scope, seen: Situation) -> list[Action]:
     """The actions, in order; none while every worker runs and nothing changed."""
     succeeded = any(code == 0 for code in seen.exit_codes)
+    if seen.failed and not succeeded:
+        if seen.user_error is not None:
+            return [Action(Do.FAIL, reason=f"{seen.user_error.why}: not restarted, a restart "
+                                           f"would fail the same way",
+                           exit_code=seen.user_error.exit_code)]
+        if seen.awaiting_others:
+            return [Action(Do.HOLD)]
     if scope is Scope.GROUP:
         if seen.failed:
             if set(seen.failed) & set(seen.final):

@@ -111,6 +111,7 @@ class WorkerFailure:
     log_file: str | None = None
     restartable: bool = True
     name: str | None = None
+    step: int | None = None  # the job's newest recorded step when it failed (None: before the first)
 
     @property
     def exit_reason(self) -> str:
@@ -139,10 +140,10 @@ class WorkerFailure:
     @classmethod
     def collect(cls, local_rank: int, node_id: int | None, pid: int, exit_code: int,
                 error_file: str, output_tail: list[str], log_file: str | None = None,
-                name: str | None = None) -> "WorkerFailure":
+                name: str | None = None, step: int | None = None) -> "WorkerFailure":
         """Reads the worker's error file if it wrote one; its output tail stands in otherwise."""
         failure = cls(local_rank, node_id, pid, exit_code, time.time(),
-                      output_tail=list(output_tail), log_file=log_file, name=name)
+                      output_tail=list(output_tail), log_file=log_file, name=name, step=step)
         try:
             with open(error_file, encoding="utf-8") as f:
                 data = json.load(f)

@@ -4,6 +4,8 @@ import pytest
 
 from tensorflow_elastic.launch.decision import (NOT_RESTARTABLE, Action, Do, Scope, Situation,
                                                 decide)
+from tensorflow_elastic.launch.error_files import WorkerFailure
+from tensorflow_elastic.launch.repeats import UserError
 
 GROUP, WORKER = Scope.GROUP, Scope.WORKER
 RUNNING = None
@@ -72,4 +74,37 @@ def test_decision(scope, codes, failed, restarts, max_restarts, changed, expecte
                          [case[1:] for case in FINAL_CASES], ids=[case[0] for case in FINAL_CASES])
 def test_an_error_a_restart_cannot_fix_is_not_restarted(scope, codes, failed, final, expected):
     seen = Situation(codes, failed, restarts=0, max_restarts=3, final=final)
+    assert decide(scope, seen) == expected
+
+
+SETUP_ERROR = UserError(WorkerFailure(0, None, 10, 3, 0.0, "ValueError", "bad"),
+                        "every worker failed the same way before the first step")
+REFUSED = Action(Do.FAIL, reason="every worker failed the same way before the first step: not "
+                                 "restarted, a restart would fail the same way", exit_code=3)
+
+USER_ERROR_CASES = [
+    # (scope, exit codes, failed, restarts, user error, awaiting others) -> actions
+    ("group: a user error ends the job, restarts unspent", GROUP, (3, 3), (0, 1), 0,
+     SETUP_ERROR, False, [REFUSED]),
+    ("worker: a user error ends the job, restarts unspent", WORKER, (3, 3), (0, 1), 0,
+     SETUP_ERROR, False, [REFUSED]),
+    ("group: held while the others may fail so too", GROUP, (3, RUNNING), (0,), 0, None, True,
+     [Action(Do.HOLD)]),
+    ("worker: held while the others may fail so too", WORKER, (3, RUNNING), (0,), 0, None, True,
+     [Action(Do.HOLD)]),
+    ("group: a crash is restarted", GROUP, (1, RUNNING), (0,), 0, None, False,
+     [Action(Do.RESTART_GROUP)]),
+    ("worker: no user error once the job completed", WORKER, (0, 3), (1,), 0, SETUP_ERROR,
+     False, [Action(Do.KEEP_DOWN, 1, "the job is complete"), Action(Do.FINISH)]),
+    ("group: an old user error without a new failure decides nothing", GROUP,
+     (RUNNING, RUNNING), (), 1, SETUP_ERROR, False, []),
+]
+
+
+@pytest.mark.parametrize("scope, codes, failed, restarts, error, awaiting, expected",
+                         [case[1:] for case in USER_ERROR_CASES],
+                         ids=[case[0] for case in USER_ERROR_CASES])
+def test_user_errors_are_not_restarted(scope, codes, failed, restarts, error, awaiting,
+                                       expected):
+    seen = Situation(codes, failed, restarts, 3, user_error=error, awaiting_others=awaiting)
     assert decide(scope, seen) == expected
