@@ -112,7 +112,8 @@ if unchanged wheel "$WHEEL_HASH" && ls dist/tensorflow_elastic-*.whl >/dev/null 
 else
   t=$(date +%s.%N)
   rm -rf dist build
-  pip_quiet wheel -q --no-build-isolation --no-deps -w dist . || fail "building the wheel failed"
+  TFE_OPS_LIBRARY="$ROOT/bazel-bin/tensorflow_elastic/_ops.so" \
+    pip_quiet wheel -q --no-build-isolation --no-deps -w dist . || fail "building the wheel failed"
   WHEEL=$(ls dist/tensorflow_elastic-*.whl)
   pip_quiet install -q --no-deps --force-reinstall "$WHEEL" || fail "installing $WHEEL failed"
   rm -rf build

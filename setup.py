@@ -1,12 +1,18 @@
-"""Wheel build: the Python package plus two built artefacts.
+"""Wheel build: the Python package plus its built artefacts.
 
 - the protobuf/gRPC modules, generated from tensorflow_elastic/proto/*.proto;
 - the op library tensorflow_elastic/_ops.so (the kernels and the pybind11
-  binding of variable snapshots and collective server updates), built by
-  Bazel beforehand (install.sh runs
-  `bazel build //...`); TFE_OPS_LIBRARY overrides its path.
+  binding of variable snapshots and collective server updates): compiled here
+  against the TensorFlow installed in the environment (tools/build_ops.py, its
+  `tf.sysconfig` flags, no Bazel), or a prebuilt one from $TFE_OPS_LIBRARY
+  (install.sh passes the one `bazel build //...` made);
+- tensorflow_elastic/_built_for.json, the TensorFlow version the library was
+  built for, which the import checks.
+
+`pip install -v .` shows the compiler's progress (a few minutes on 2 cores).
 """
 
+import json
 import os
 import shutil
 import sys
@@ -18,24 +24,41 @@ from setuptools.dist import Distribution
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
+from build_ops import BuildError, build, probe_tensorflow  # noqa: E402
 from gen_protos import generate  # noqa: E402
 
-DEFAULT_OPS_LIBRARY = os.path.join(ROOT, "bazel-bin", "tensorflow_elastic", "_ops.so")
+OPS_LIBRARY = "TFE_OPS_LIBRARY"  # tensorflow_elastic.environment.OPS_LIBRARY
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 class BuildWithArtefacts(build_py):
     def run(self):
         super().run()
         generated = generate(ROOT, self.build_lib)
-        print(f"generated {len(generated)} protobuf/gRPC modules")
-        library = os.environ.get("TFE_OPS_LIBRARY", DEFAULT_OPS_LIBRARY)
-        if not os.path.exists(library):
-            raise SystemExit(f"error: op library {library} not found; build it first with "
-                             f"`bazel build //...` (install.sh does) or set TFE_OPS_LIBRARY")
-        target = os.path.join(self.build_lib, "tensorflow_elastic", "_ops.so")
-        shutil.copyfile(library, target)
+        log(f"generated {len(generated)} protobuf/gRPC modules")
+        package = os.path.join(self.build_lib, "tensorflow_elastic")
+        target = os.path.join(package, "_ops.so")
+        try:
+            tensorflow = probe_tensorflow()
+            prebuilt = os.environ.get(OPS_LIBRARY)
+            if prebuilt:
+                if not os.path.exists(prebuilt):
+                    raise BuildError(f"${OPS_LIBRARY}={prebuilt}: no such file")
+                shutil.copyfile(prebuilt, target)
+                log(f"copied the op library {prebuilt} -> {target}")
+            else:
+                import pybind11
+
+                build(ROOT, target, tensorflow, pybind11.get_include(), log=log)
+        except BuildError as e:
+            raise SystemExit(f"error: {e}") from None
         os.chmod(target, 0o755)
-        print(f"copied op library {library} -> {target}")
+        with open(os.path.join(package, "_built_for.json"), "w", encoding="utf-8") as f:
+            json.dump({"tensorflow": tensorflow.version}, f)
+        log(f"the op library is for TensorFlow {tensorflow.version}")
 
 
 class BinaryDistribution(Distribution):

@@ -31,6 +31,7 @@ parser.add_argument("--iterations", type=int, default=200,
 parser.add_argument("--workers", type=int, default=3, help="workers the async total counts")
 parser.add_argument("--synch_block_size", type=int, default=1)
 parser.add_argument("--max_staleness", type=int, default=None)
+parser.add_argument("--learning_rate", type=float, default=0.05, help="the PS's SGD step")
 parser.add_argument("--batch", type=int, default=32)
 parser.add_argument("--step_sleep", type=float, default=0.0,
                     help="seconds of extra work per gradient (makes a demo watchable)")
@@ -63,10 +64,16 @@ def batches():
         yield tf.constant(x), tf.constant(x @ true_w + 0.3)
 
 
-result = ps.run(model=model, loss_fn=keras.losses.MeanSquaredError(),
-                optimizer=keras.optimizers.SGD(0.05), dataset=batches(), config=config,
-                checkpoint_every=args.checkpoint_every, lease_timeout=args.lease_timeout)
+loss_fn = keras.losses.MeanSquaredError()
+result = ps.run(model=model, loss_fn=loss_fn, optimizer=keras.optimizers.SGD(args.learning_rate),
+                dataset=batches(), config=config, checkpoint_every=args.checkpoint_every,
+                lease_timeout=args.lease_timeout)
 print(f"{os.environ.get(ps.ROLE_ENV)} done: {result}", flush=True)
+if os.environ.get(ps.ROLE_ENV) == "ps":
+    held_out = np.random.RandomState(12345).randn(1000, FEATURES).astype(np.float32)
+    final = float(loss_fn(held_out @ true_w + 0.3, model(held_out)))
+    print(f"final held-out loss {final:.4f} (policy {args.policy}, version {result['version']})",
+          flush=True)
 if args.result_file:
     with open(args.result_file, "w") as f:
         json.dump(result if isinstance(result, dict) else result.__dict__, f, default=str)

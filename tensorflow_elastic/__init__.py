@@ -32,6 +32,10 @@ _LAZY = {
     "MembershipChanged": "tensorflow_elastic.errors",
     "ElasticJobFailed": "tensorflow_elastic.errors",
     "ElasticMultiWorkerMirroredStrategy": "tensorflow_elastic.strategy",
+    "rank": "tensorflow_elastic.world",
+    "size": "tensorflow_elastic.world",
+    "local_rank": "tensorflow_elastic.world",
+    "is_chief": "tensorflow_elastic.world",
 }
 
 

@@ -44,7 +44,7 @@ PS_ADDRESS = "TFE_PS_ADDRESS"
 PS_CHECKPOINT_DIR = "TFE_PS_CHECKPOINT_DIR"
 
 # ---- building and the op library
-OPS_LIBRARY = "TFE_OPS_LIBRARY"         # setup.py: the op library to package
+OPS_LIBRARY = "TFE_OPS_LIBRARY"         # setup.py: a prebuilt op library to package (else it compiles one)
 # "0": the library's AssignAdd/AssignSub kernels copy a shared buffer before updating it, as
 # TensorFlow's do, instead of writing the result once (read by cc/kernels/, once per process).
 ONE_PASS_UPDATES = "TFE_ONE_PASS_UPDATES"

@@ -18,3 +18,10 @@ class ElasticJobFailed(RuntimeError):
 class StateLayoutMismatch(RuntimeError):
     """This node's state variables differ from the members' (names, shapes or dtypes): it cannot
     take their state, so it leaves; the members re-form without it."""
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or a gradient became NaN or Inf: the job ends, and the message says where and
+    what to change. A restart would only diverge again, so the launcher does not restart it."""
+
+    restartable = False

@@ -1,15 +1,34 @@
-"""The one TensorFlow release this build works with, and the check at import.
+"""The TensorFlow release this build works with, and the check at import.
 
 The C++ op library links against TensorFlow's C++ ABI, which changes between
 releases: a mismatch crashes or fails with unreadable symbol errors, so we
-refuse early with a message that says what to install.
+refuse early with a message that says what to do. The release is the one the
+library was compiled against, which the wheel build records
+(tensorflow_elastic/_built_for.json); a source checkout built by install.sh has
+the pinned one of requirements.txt.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from importlib import metadata
 
-REQUIRED_TF_VERSION = "2.21.0"
+# Written by the wheel build next to this file: {"tensorflow": VERSION}.
+BUILD_RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_built_for.json")
+PINNED_TF_VERSION = "2.21.0"  # requirements.txt's, which install.sh builds the checkout for
+
+
+def built_for(record: str = BUILD_RECORD) -> str:
+    """The TensorFlow version the op library was built for."""
+    try:
+        with open(record, encoding="utf-8") as f:
+            return str(json.load(f)["tensorflow"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return PINNED_TF_VERSION
+
+
+REQUIRED_TF_VERSION = built_for()
 
 # Distributions that provide the `tensorflow` module.
 TF_DISTRIBUTIONS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tensorflow-macos",
@@ -54,7 +73,8 @@ def check_tensorflow_version(installed: dict[str, str] | None = None) -> str:
     if version != REQUIRED_TF_VERSION:
         raise TensorFlowVersionError(
             f"tensorflow_elastic was built for TensorFlow {REQUIRED_TF_VERSION}, "
-            f"but {name}=={version} is installed. Install the matching release "
-            f"(pip install '{name}=={REQUIRED_TF_VERSION}') or rebuild tensorflow_elastic "
-            f"against your TensorFlow with ./install.sh.")
+            f"but {name}=={version} is installed. Rebuild tensorflow_elastic against your "
+            f"TensorFlow (pip install --force-reinstall --no-deps --no-cache-dir "
+            f"<its source>, or ./install.sh in a checkout), or install the release it was "
+            f"built for (pip install '{name}=={REQUIRED_TF_VERSION}').")
     return version

@@ -33,6 +33,12 @@ def test_wrong_version_names_both_versions():
         check_tensorflow_version({"tensorflow": "2.20.0"})
 
 
+def test_wrong_version_says_to_rebuild():
+    with pytest.raises(TensorFlowVersionError, match="Rebuild tensorflow_elastic against your "
+                                                     "TensorFlow"):
+        check_tensorflow_version({"tensorflow-cpu": "9.9.0"})
+
+
 def test_two_distributions_are_refused():
     with pytest.raises(TensorFlowVersionError, match="Several TensorFlow distributions"):
         check_tensorflow_version({"tensorflow": REQUIRED, "tensorflow-cpu": REQUIRED})
@@ -60,3 +66,10 @@ def test_import_does_not_import_tensorflow():
         "import sys, tensorflow_elastic; print('tensorflow' in sys.modules)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_the_version_comes_from_the_build_record(tmp_path):
+    record = tmp_path / "_built_for.json"
+    assert tf_version.built_for(str(record)) == tf_version.PINNED_TF_VERSION  # a checkout
+    record.write_text('{"tensorflow": "2.20.0"}')
+    assert tf_version.built_for(str(record)) == "2.20.0"

@@ -1,6 +1,7 @@
-"""Supervision: `tfelastic-run` and `tensorflowrun`, the local agent that starts, monitors and
-restarts a node's workers (doing what a pure decision says), its modes (in-process, restart,
-PS roles) and error files.
+"""Supervision: `tfelastic-run` and `tensorflowrun` (their flags in torchrun's and horovodrun's
+spellings), the local agent that starts, monitors and restarts a node's workers (doing what a
+pure decision says; a failure a restart would repeat ends the job), its modes (in-process,
+restart, PS roles) and error files.
 """
 
 from tensorflow_elastic.launch.agent import AgentResult, LocalAgent

@@ -28,6 +28,7 @@ import time
 from typing import TextIO
 
 from tensorflow_elastic import environment
+from tensorflow_elastic.launch import repeats
 from tensorflow_elastic.launch.decision import Action, Do, Situation, decide
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
 from tensorflow_elastic.launch.mode import Membership, Mode, View
@@ -68,6 +69,9 @@ class LocalAgent:
         self._stderr = stderr or sys.stderr
         self._workers: list[WorkerProcess | None] = [None] * spec.nproc_per_node
         self._exit_codes: list[int | None] = [None] * spec.nproc_per_node
+        # Slots whose worker failed with an error a restart cannot fix.
+        self._final: set[int] = set()
+        self._pending: list[int] = []  # failed slots the decision has not acted on yet
         self._view = View.unknown(spec.nproc_per_node)
         self._formed: View | None = None  # the nodes this agent joined for its workers
         self._attempt = 0
@@ -121,19 +125,37 @@ class LocalAgent:
                 self.state = WorkerState.UNHEALTHY
                 for slot in failed:
                     self._record_failure(slot)
-            seen = Situation(tuple(self._exit_codes), tuple(failed), self.restarts,
-                             self.spec.max_restarts, self._view.changed)
-            for action in decide(self.mode.scope, seen):
-                result = self._act(action)
+            held = bool(self._pending)
+            self._pending += failed
+            actions = decide(self.mode.scope, self._situation())
+            for action in actions:
+                result = self._act(action, held)
                 if result is not None:
                     return result
-            self.state = WorkerState.HEALTHY
+            if Do.HOLD not in (action.do for action in actions):
+                self._pending = []
+                self.state = WorkerState.HEALTHY
             self._stop_stragglers()
             self._report_progress()
 
-    def _act(self, action: Action) -> AgentResult | None:
-        """Does what the decision says; the result when it ends the run."""
-        if action.do is Do.RESTART_WORKER:
+    def _situation(self) -> Situation:
+        codes = tuple(self._exit_codes)
+        pending = [next(f for f in reversed(self.failures) if f.local_rank == slot)
+                   for slot in self._pending]
+        return Situation(codes, tuple(self._pending), self.restarts, self.spec.max_restarts,
+                         self._view.changed, final=tuple(sorted(self._final)),
+                         user_error=repeats.user_error(codes, self.failures),
+                         awaiting_others=repeats.waits_for_others(codes, pending, time.time()))
+
+    def _act(self, action: Action, held: bool) -> AgentResult | None:
+        """Does what the decision says (``held``: failed slots were held already); the result
+        when it ends the run."""
+        if action.do is Do.HOLD:
+            if not held:
+                self._info("worker(s) %s failed before the first step; the others get up to "
+                           "%g s to show whether it is a setup error every worker hits",
+                           ", ".join(map(str, self._pending)), repeats.WAIT_FOR_OTHERS_S)
+        elif action.do is Do.RESTART_WORKER:
             self.restarts += 1
             self._info("restart %d of %d: worker %d comes back as a new node", self.restarts,
                        self.spec.max_restarts, action.slot)
@@ -154,7 +176,7 @@ class LocalAgent:
         elif action.do is Do.FINISH:
             return self._finish()
         else:
-            return self._give_up(action.reason)
+            return self._give_up(action.reason, action.exit_code)
         return None
 
     # ----------------------------------------------------------------- workers
@@ -199,16 +221,18 @@ class LocalAgent:
                 held.close()
         self._workers[slot] = worker
         self._exit_codes[slot] = None
-        self._info("worker %d started: pid %d, node %s", slot, worker.pid,
-                   self._node_text(slot))
+        self._info("worker %d started: pid %d, %s", slot, worker.pid, self._who(slot))
 
     def _label(self, slot: int) -> str:
         node_id = self._view.node_ids[slot]
         return f"node {node_id}" if node_id is not None else f"worker {slot}"
 
-    def _node_text(self, slot: int) -> str:
+    def _who(self, slot: int) -> str:
+        """The mode's name for its workers, else the slot's node."""
+        if self.mode.worker_name:
+            return self.mode.worker_name
         node_id = self._view.node_ids[slot]
-        return str(node_id) if node_id is not None else "(assigned when it joins)"
+        return f"node {node_id if node_id is not None else '(assigned when it joins)'}"
 
     def _poll(self) -> list[int]:
         """Slots whose worker just ended with a non-zero code."""
@@ -222,7 +246,7 @@ class LocalAgent:
             worker.wait_output()
             self._exit_codes[slot] = code
             if code == 0:
-                self._info("worker %d (node %s) finished", slot, self._node_text(slot))
+                self._info("worker %d (%s) finished", slot, self._who(slot))
             else:
                 failed.append(slot)
         return failed
@@ -243,8 +267,11 @@ class LocalAgent:
         worker = self._workers[slot]
         failure = WorkerFailure.collect(slot, self._view.node_ids[slot], worker.pid,
                                         self._exit_codes[slot], worker.error_file, worker.tail(),
-                                        worker.log_file)
+                                        worker.log_file, self.mode.worker_name,
+                                        self._progress.step if self._progress else None)
         self.failures.append(failure)
+        if not failure.restartable:
+            self._final.add(slot)
         self._events.record(events.FAILURE_DETECTED, node=failure.node_id,
                             generation=self._view.generation,
                             failed=[] if failure.node_id is None else [failure.node_id],
@@ -253,8 +280,8 @@ class LocalAgent:
             # Its peers may be blocked on it: the orchestrator learns it now, not at a timeout.
             self._view = self._view.with_node(slot, self.membership.report_death(slot,
                                                                                failure.cause))
-        self._info("worker %d (node %s, pid %d) failed: %s", slot, self._node_text(slot),
-                   failure.pid, failure.cause)
+        self._info("worker %d (%s, pid %d) failed: %s", slot, self._who(slot), failure.pid,
+                   failure.brief)
 
     def _restart_group(self) -> AgentResult | None:
         self._stop_workers()
@@ -295,10 +322,10 @@ class LocalAgent:
                                f"this node were survived")
         return self._result(WorkerState.SUCCEEDED, 0, summary)
 
-    def _give_up(self, reason: str) -> AgentResult:
+    def _give_up(self, reason: str, exit_code: int) -> AgentResult:
         self._stop_workers()
         self._leave("the node's workers failed")
-        return self._result(WorkerState.FAILED, 1,
+        return self._result(WorkerState.FAILED, exit_code,
                             root_cause_summary(self.failures, f"tfelastic-run: {reason}"))
 
     def _stop(self, signum: int) -> AgentResult:

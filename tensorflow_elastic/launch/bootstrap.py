@@ -1,6 +1,7 @@
-"""How the agent runs a Python training script: ``python -m tensorflow_elastic.launch.bootstrap SCRIPT ARGS``.
+"""How the agent runs Python training code: ``python -m tensorflow_elastic.launch.bootstrap SCRIPT ARGS``
+(or ``... bootstrap -m MODULE ARGS``).
 
-The script runs as ``__main__`` exactly as with ``python SCRIPT``, with two
+The script runs as ``__main__`` exactly as with ``python SCRIPT`` (``python -m MODULE``), with two
 additions that need no change to it: an uncaught exception leaves an error
 file for the agent's root-cause summary, and a crash in native code (a
 segfault in a kernel) prints the Python stacks of every thread before the
@@ -18,15 +19,21 @@ from tensorflow_elastic.launch.error_files import install_excepthook
 
 
 def main() -> None:
-    if len(sys.argv) < 2:
-        sys.exit("usage: python -m tensorflow_elastic.launch.bootstrap SCRIPT [ARGS...]")
-    script = sys.argv[1]
-    sys.argv = sys.argv[1:]
-    # As `python SCRIPT` does: the script's directory comes first on the import path.
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    as_module = sys.argv[1:2] == ["-m"]
+    if len(sys.argv) < 2 + as_module:
+        sys.exit("usage: python -m tensorflow_elastic.launch.bootstrap [-m MODULE | SCRIPT] "
+                 "[ARGS...]")
+    target = sys.argv[1 + as_module]
+    sys.argv = sys.argv[1 + as_module:]
+    # As `python SCRIPT` (`python -m MODULE`) does: the script's directory (the working
+    # directory) comes first on the import path.
+    sys.path[0] = os.getcwd() if as_module else os.path.dirname(os.path.abspath(target))
     faulthandler.enable(all_threads=True)
     install_excepthook()
-    runpy.run_path(script, run_name="__main__")
+    if as_module:
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(target, run_name="__main__")
 
 
 if __name__ == "__main__":

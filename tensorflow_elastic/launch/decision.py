@@ -1,17 +1,21 @@
 """What the agent does after a check of its workers: a pure decision, apart from the doing.
 
 The agent polls its workers, then asks :func:`decide` what follows from what
-it saw (the slots' exit codes, which of them just failed, its restart
-counter, whether the job's membership changed) and carries out the actions
-in order. The mode's :class:`Scope` is the one thing that differs: a worker
+it saw (the slots' exit codes, which of them failed and wait for its
+answer, its restart counter, whether the job's membership changed, whether
+the failures are a user error a restart would repeat: launch/repeats.py) and
+carries out the actions in order. The mode's :class:`Scope` is the one thing that differs: a worker
 that re-forms in-process (or a parameter-server role) comes back alone, a
-plain MWMS worker takes its whole group with it.
+plain MWMS worker takes its whole group with it. A worker whose error says
+a restart cannot help (e.g. the training diverged) is never restarted.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+
+from tensorflow_elastic.launch.repeats import UserError
 
 
 class Scope(enum.Enum):
@@ -26,8 +30,9 @@ class Do(enum.Enum):
     KEEP_DOWN = "keep_down"            # leave the dead slot down, saying why
     RESTART_GROUP = "restart_group"    # a worker failed: re-form and start all (counts)
     REFORM_GROUP = "reform_group"      # the membership changed: re-form and start all
+    HOLD = "hold"                      # failed slots wait for the others (see Situation)
     FINISH = "finish"                  # the job completed
-    FAIL = "fail"                      # give up, saying why
+    FAIL = "fail"                      # give up, saying why, with exit_code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,24 +40,47 @@ class Action:
     do: Do
     slot: int | None = None
     reason: str = ""
+    exit_code: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Situation:
-    """What one check saw: each slot's exit code (None: running) and the agent's counters."""
+    """What one check saw: each slot's exit code (None: running), the failed slots not yet
+    acted on, and the agent's counters.
+
+    ``user_error``: the failures are ones a restart would repeat. ``awaiting_others``: the
+    failed slots failed the same way before the first step while others still run, which
+    may yet fail so too; they are held a while instead of restarted.
+    """
 
     exit_codes: tuple[int | None, ...]
     failed: tuple[int, ...] = ()
     restarts: int = 0
     max_restarts: int = 0
     membership_changed: bool = False
+    # Slots whose worker failed with an error a restart cannot fix (e.g. training diverged).
+    final: tuple[int, ...] = ()
+    user_error: UserError | None = None
+    awaiting_others: bool = False
+
+
+NOT_RESTARTABLE = "a worker failed in a way a restart cannot fix"
 
 
 def decide(scope: Scope, seen: Situation) -> list[Action]:
     """The actions, in order; none while every worker runs and nothing changed."""
     succeeded = any(code == 0 for code in seen.exit_codes)
+    if seen.failed and not succeeded:
+        if seen.user_error is not None:
+            return [Action(Do.FAIL, reason=f"{seen.user_error.why}: not restarted, a restart "
+                                           f"would fail the same way",
+                           exit_code=seen.user_error.exit_code)]
+        if seen.awaiting_others:
+            return [Action(Do.HOLD)]
     if scope is Scope.GROUP:
         if seen.failed:
+            if set(seen.failed) & set(seen.final):
+                return [Action(Do.FAIL, reason=NOT_RESTARTABLE)]
             if seen.restarts >= seen.max_restarts:
                 return [_give_up(seen.restarts, seen.max_restarts)]
             return [Action(Do.RESTART_GROUP)]
@@ -63,6 +91,8 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
     for slot in seen.failed:
         if succeeded:
             actions.append(Action(Do.KEEP_DOWN, slot, "the job is complete"))
+        elif slot in seen.final:
+            actions.append(Action(Do.KEEP_DOWN, slot, "a restart cannot fix its error"))
         elif restarts >= seen.max_restarts:
             actions.append(Action(Do.KEEP_DOWN, slot,
                                   f"--max_restarts={seen.max_restarts} used up"))
@@ -70,16 +100,18 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
             restarts += 1
             codes[slot] = None
             actions.append(Action(Do.RESTART_WORKER, slot))
-    return actions + _ending(codes, restarts, seen.max_restarts)
+    return actions + _ending(codes, restarts, seen.max_restarts, bool(seen.final))
 
 
 def _ending(exit_codes: list[int | None] | tuple[int | None, ...], restarts: int,
-            max_restarts: int) -> list[Action]:
+            max_restarts: int, final: bool = False) -> list[Action]:
     """Once every worker has exited: finished if one of them completed the job."""
     if any(code is None for code in exit_codes):
         return []
     if any(code == 0 for code in exit_codes):
         return [Action(Do.FINISH)]
+    if final:
+        return [Action(Do.FAIL, reason=NOT_RESTARTABLE)]
     return [_give_up(restarts, max_restarts)]
 
 

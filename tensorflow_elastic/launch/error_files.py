@@ -8,6 +8,12 @@ automatically (see :mod:`tensorflow_elastic.launch.bootstrap`); a script run
 some other way can decorate its entry point with :func:`record`. A worker
 that dies without one (a signal, a segfault, ``sys.exit(1)``) is described
 from its exit code and the tail of its output.
+
+An exception whose class sets ``restartable = False`` (e.g.
+:class:`tensorflow_elastic.errors.TrainingDiverged`) is a way the job ends by
+design, not a crash: its file says so, the agent does not restart the
+worker, and its message, which says what to change, is shown without a
+traceback.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ def write_error_file(error: BaseException, path: str | None = None) -> None:
     record = {
         "type": type(error).__name__,
         "message": str(error),
+        "restartable": restartable(error),
         "traceback": "".join(traceback.format_exception(type(error), error, error.__traceback__)),
         "time": time.time(),
         "pid": os.getpid(),
@@ -46,6 +53,11 @@ def write_error_file(error: BaseException, path: str | None = None) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(record, f)
     os.replace(tmp, path)
+
+
+def restartable(error: BaseException) -> bool:
+    """False for an error a restart cannot fix (its class says ``restartable = False``)."""
+    return bool(getattr(error, "restartable", True))
 
 
 def record(func: F) -> F:
@@ -71,14 +83,21 @@ def install_excepthook() -> None:
     def hook(exc_type: type[BaseException], error: BaseException, tb: Any) -> None:
         if not issubclass(exc_type, (SystemExit, KeyboardInterrupt)):
             write_error_file(error.with_traceback(tb))
-        previous(exc_type, error, tb)
+        if restartable(error):
+            previous(exc_type, error, tb)
+        else:  # the message is what the user needs; the traceback stays in the error file
+            print(f"{exc_type.__name__}: {error}", file=sys.stderr, flush=True)
 
     sys.excepthook = hook
 
 
 @dataclasses.dataclass
 class WorkerFailure:
-    """One failed worker process, as the root-cause summary shows it."""
+    """One failed worker process, as the root-cause summary shows it.
+
+    ``name`` is what the summary calls the worker when its mode names workers by role (the
+    parameter-server mode); otherwise its node id names it.
+    """
 
     local_rank: int
     node_id: int | None
@@ -90,6 +109,9 @@ class WorkerFailure:
     traceback: str = ""
     output_tail: list[str] = dataclasses.field(default_factory=list)
     log_file: str | None = None
+    restartable: bool = True
+    name: str | None = None
+    step: int | None = None  # the job's newest recorded step when it failed (None: before the first)
 
     @property
     def exit_reason(self) -> str:
@@ -107,13 +129,21 @@ class WorkerFailure:
             return f"{self.exit_reason}: {self.error_type}: {self.message}".strip()
         return self.exit_reason
 
+    @property
+    def brief(self) -> str:
+        """The cause, without a message the worker printed itself (an error that ends the job by
+        design says what to change once, not on every line about it)."""
+        if self.restartable or not self.error_type:
+            return self.cause
+        return f"{self.exit_reason}: {self.error_type}"
+
     @classmethod
     def collect(cls, local_rank: int, node_id: int | None, pid: int, exit_code: int,
-                error_file: str, output_tail: list[str],
-                log_file: str | None = None) -> "WorkerFailure":
+                error_file: str, output_tail: list[str], log_file: str | None = None,
+                name: str | None = None, step: int | None = None) -> "WorkerFailure":
         """Reads the worker's error file if it wrote one; its output tail stands in otherwise."""
         failure = cls(local_rank, node_id, pid, exit_code, time.time(),
-                      output_tail=list(output_tail), log_file=log_file)
+                      output_tail=list(output_tail), log_file=log_file, name=name, step=step)
         try:
             with open(error_file, encoding="utf-8") as f:
                 data = json.load(f)
@@ -123,24 +153,31 @@ class WorkerFailure:
         failure.message = str(data.get("message", ""))
         failure.traceback = str(data.get("traceback", ""))
         failure.time = float(data.get("time", failure.time))
+        failure.restartable = bool(data.get("restartable", True))
         return failure
 
 
 def root_cause_summary(failures: list[WorkerFailure], title: str) -> str:
-    """The first failure in full (traceback tail), then one line per later failure."""
+    """The first failure in full (its traceback's tail, unless its message is all there is to
+    say), then one line per later failure."""
     if not failures:
         return title
     ordered = sorted(failures, key=lambda f: f.time)
     first = ordered[0]
     rule = "=" * 72
-    lines = [rule, title, rule, "Root cause (first failure):",
-             f"  node:       {_node(first)}",
+    who = (f"  worker:     {first.name}" if first.name
+           else f"  node:       {_node_id(first)}")
+    lines = [rule, title, rule, "Root cause (first failure):", who,
              f"  local rank: {first.local_rank}",
              f"  pid:        {first.pid}",
              f"  time:       {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(first.time))}",
              f"  cause:      {first.cause}"]
-    tail = first.traceback.rstrip().splitlines()[-TAIL_LINES:] if first.traceback \
-        else [line.rstrip("\n") for line in first.output_tail[-TAIL_LINES:]]
+    if not first.restartable:
+        tail = []  # the message says it all
+    elif first.traceback:
+        tail = first.traceback.rstrip().splitlines()[-TAIL_LINES:]
+    else:
+        tail = [line.rstrip("\n") for line in first.output_tail[-TAIL_LINES:]]
     if tail:
         lines.append("  traceback:" if first.traceback else "  last output:")
         lines += [f"    {line}" for line in tail]
@@ -148,11 +185,15 @@ def root_cause_summary(failures: list[WorkerFailure], title: str) -> str:
         lines.append(f"  full output: {first.log_file}")
     if len(ordered) > 1:
         lines.append("Other failures:")
-        lines += [f"  node {_node(f)} (local rank {f.local_rank}, pid {f.pid}): {f.cause}"
+        lines += [f"  {_who(f)} (local rank {f.local_rank}, pid {f.pid}): {f.brief}"
                   for f in ordered[1:]]
     lines.append(rule)
     return "\n".join(lines)
 
 
-def _node(failure: WorkerFailure) -> str:
+def _node_id(failure: WorkerFailure) -> str:
     return "unknown (it had not joined)" if failure.node_id is None else str(failure.node_id)
+
+
+def _who(failure: WorkerFailure) -> str:
+    return failure.name or f"node {_node_id(failure)}"

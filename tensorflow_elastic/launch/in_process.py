@@ -38,6 +38,7 @@ class InProcessElasticity:
     """Environment for elastic-aware workers, and the agent's read-only view of the run."""
 
     scope = Scope.WORKER
+    worker_name = None
 
     def __init__(self, spec: WorkerSpec, ports: PortAllocator, hosts_orchestrator: bool = False):
         self.spec = spec

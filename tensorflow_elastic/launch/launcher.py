@@ -16,13 +16,15 @@ import sys
 import threading
 from typing import NoReturn
 
-from tensorflow_elastic import environment, net
+from tensorflow_elastic import __version__, environment, net
 from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded
+from tensorflow_elastic.launch.flags import LauncherArgumentParser
 from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.ps_roles import run_role
 from tensorflow_elastic.launch.restart import RestartElasticity
-from tensorflow_elastic.launch.spec import AUTO, RESTART, default_log_dir, parse_nnodes
+from tensorflow_elastic.launch.spec import (AUTO, RESTART, default_log_dir, module_source,
+                                           parse_nnodes)
 from tensorflow_elastic.launch.supervise import on_stop_signals, supervise
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
 from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
@@ -76,6 +78,22 @@ orchestrator (its "node id" prefixes its output lines); --nworkers sets the
 worker bounds directly, e.g. for one machine whose job may go on with fewer
 workers, or machines with different numbers of workers.
 A failed run prints a root-cause summary (first failure, its traceback).
+Every multi-word flag takes both spellings, as in torchrun: --nproc-per-node
+or --nproc_per_node.
+
+A crash is restarted (up to --max_restarts); a user error is not: when every
+worker of the node (two or more) fails the same way before the job's first
+step, or a restarted worker fails exactly as before, the job ends at once with
+that error (see docs/launcher.md).
+
+exit codes:
+  0        the job completed (or, stopped by a signal, every worker had ended cleanly)
+  1        the job failed: workers failed after --max_restarts restarts, or the
+           orchestrator was unreachable or failed the run
+  2        a bad argument; nothing was started
+  N        the workers' own exit code, when they failed the same way before their
+           first step (or the same failure repeated): a user error, not restarted
+  128+S    stopped by signal S (130: Ctrl-C, 143: SIGTERM) while workers ran
 
 Failures are detected within: a crashed worker, at once (its agent reports
 it); a host that vanishes (power loss, partition) or a frozen process, the
@@ -89,8 +107,9 @@ docs/failures.md.
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = LauncherArgumentParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--standalone", action="store_true",
                    help="embed the orchestrator in this launcher (at --rdzv_endpoint, default: a "
                    "free port on 127.0.0.1); with the script 'start' run only the orchestrator")
@@ -167,9 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --role ps|worker: where the parameter server listens")
     p.add_argument("--ps_checkpoint_dir", metavar="DIR",
                    help="with --role ps: where the PS checkpoints and, after a restart, resumes")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a Python module, run as `python -m SCRIPT` (as torchrun -m)")
+    p.add_argument("--no_python", action="store_true",
+                   help="run SCRIPT as an executable even if it ends in .py, without the Python "
+                   "interpreter (as torchrun --no-python)")
     p.add_argument("script", metavar="SCRIPT",
-                   help="the training script (a .py file, or an executable), or 'start' with "
-                   "--standalone to run only the orchestrator")
+                   help="the training script (a .py file, or an executable; a module with -m), "
+                   "or 'start' with --standalone to run only the orchestrator")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS",
                    help="arguments for the script")
     return p
@@ -257,9 +281,19 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
              f"{bounds.max_nodes}; raise --nworkers")
     if args.max_restarts < 0:
         _die(f"--max_restarts must be >= 0, got {args.max_restarts}")
-    if args.script == ORCHESTRATOR_ONLY:
+    if args.module and args.no_python:
+        _die("-m runs a Python module; --no-python runs an executable: give one of them")
+    if args.script == ORCHESTRATOR_ONLY and not args.module:
         if not args.standalone:
             _die(f"'{ORCHESTRATOR_ONLY}' runs only an orchestrator and needs --standalone")
+    elif args.module:
+        if module_source(args.script) is None:
+            _die(f"module {args.script!r} not found (cwd {os.getcwd()}); -m takes a module "
+                 f"name importable from here, e.g. mypackage.train")
+    elif args.no_python:
+        if shutil.which(args.script) is None:
+            _die(f"--no-python: {args.script!r} is not an executable (cwd {os.getcwd()}); "
+                 f"chmod +x it or drop --no-python")
     elif not os.path.isfile(args.script) and shutil.which(args.script) is None:
         _die(f"script {args.script!r} not found (cwd {os.getcwd()}); give a path to a .py file "
              f"or an executable")
@@ -358,7 +392,8 @@ def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
                  events_file: str | None, bounds: NodeBounds,
                  host: str = "127.0.0.1", first_port: int = 0) -> WorkerSpec:
     return WorkerSpec(
-        entrypoint=args.script, args=args.script_args, rdzv_endpoint=endpoint, run_id=args.run_id,
+        entrypoint=args.script, args=args.script_args, module=args.module,
+        no_python=args.no_python, rdzv_endpoint=endpoint, run_id=args.run_id,
         bounds=bounds, nproc_per_node=args.nproc_per_node, host=host,
         first_port=first_port, max_restarts=args.max_restarts,
         monitor_interval=args.monitor_interval, mode=args.elastic_mode, token=token,

@@ -42,9 +42,11 @@ class View:
 
 
 class Mode(Protocol):
-    """How a slot's worker starts; ``scope`` is what a failure restarts."""
+    """How a slot's worker starts; ``scope`` is what a failure restarts; ``worker_name`` is
+    what the agent's lines call a worker (None: its node names it)."""
 
     scope: Scope
+    worker_name: str | None
 
     def launch(self, slot: int) -> WorkerLaunch:
         """The worker's environment for this start of ``slot`` (a restart included)."""

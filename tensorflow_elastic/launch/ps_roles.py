@@ -16,10 +16,15 @@ from tensorflow_elastic.launch.decision import Scope
 from tensorflow_elastic.launch.mode import WorkerLaunch
 from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.launch.supervise import supervise
+from tensorflow_elastic.ps.roles import PS
 
 
 class ParameterServerRoles:
-    """The environment of a PS or worker process; a dead one comes back alone, unchanged."""
+    """The environment of a PS or worker process; a dead one comes back alone, unchanged.
+
+    Its processes have no node id (they register with the PS, not an orchestrator): the
+    agent's lines name them by role.
+    """
 
     scope = Scope.WORKER
 
@@ -27,6 +32,7 @@ class ParameterServerRoles:
                  checkpoint_dir: str | None = None):
         self.spec = spec
         self.role = role
+        self.worker_name = "parameter server" if role == PS else "PS worker"
         self.ps_address = ps_address
         self.checkpoint_dir = checkpoint_dir
 

@@ -41,6 +41,7 @@ class RestartElasticity:
     """The agent's orchestrator nodes (one per local worker) and when to restart them all."""
 
     scope = Scope.GROUP
+    worker_name = None
 
     def __init__(self, spec: WorkerSpec, addresses: list[str], wake: threading.Event):
         self.spec = spec

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib.machinery
 import os
 import re
 import sys
@@ -41,7 +42,9 @@ class WorkerState(enum.Enum):
 class WorkerSpec:
     """Everything an agent needs to start and restart its workers.
 
-    ``bounds`` count orchestrator nodes, i.e. worker processes across every
+    ``entrypoint`` is a script (a .py file runs with this Python, anything else as an
+    executable), a module's name with ``module`` (``python -m``), or an executable
+    whatever its name with ``no_python``. ``bounds`` count orchestrator nodes, i.e. worker processes across every
     agent of the run (checked where they were parsed: NodeBounds). ``host`` is the address the
     workers' TensorFlow servers are reached at; ``first_port`` (0: any) is the
     first worker's port, later workers and restarted ones take free ports.
@@ -52,6 +55,8 @@ class WorkerSpec:
     rdzv_endpoint: str
     run_id: str
     bounds: NodeBounds
+    module: bool = False
+    no_python: bool = False
     nproc_per_node: int = 1
     host: str = "127.0.0.1"
     first_port: int = 0
@@ -79,6 +84,8 @@ class WorkerSpec:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
         if self.monitor_interval <= 0:
             raise ValueError(f"monitor_interval must be > 0, got {self.monitor_interval}")
+        if self.module and self.no_python:
+            raise ValueError("a module runs with Python: module and no_python exclude each other")
         if self.mode not in (AUTO, IN_PROCESS, RESTART):
             raise ValueError(f"mode must be {AUTO}, {IN_PROCESS} or {RESTART}, got {self.mode!r}")
 
@@ -88,27 +95,54 @@ class WorkerSpec:
 
     @property
     def is_python(self) -> bool:
-        return self.entrypoint.endswith(".py")
+        return self.module or (not self.no_python and self.entrypoint.endswith(".py"))
 
     def command(self) -> list[str]:
-        """A Python script runs through the bootstrap (error files); anything else runs as is."""
-        if self.is_python:
-            return [sys.executable, "-u", "-m", "tensorflow_elastic.launch.bootstrap",
-                    self.entrypoint, *self.args]
-        return [self.entrypoint, *self.args]
+        """Python code runs through the bootstrap (error files); anything else runs as is."""
+        if not self.is_python:
+            return [self.entrypoint, *self.args]
+        bootstrap = [sys.executable, "-u", "-m", "tensorflow_elastic.launch.bootstrap"]
+        if self.module:
+            return [*bootstrap, "-m", self.entrypoint, *self.args]
+        return [*bootstrap, self.entrypoint, *self.args]
+
+    def source_file(self) -> str | None:
+        """The Python file that runs first (a module's, found without importing it)."""
+        if not self.is_python:
+            return None
+        return module_source(self.entrypoint) if self.module else self.entrypoint
 
     def resolved_mode(self) -> tuple[str, str]:
         """(mode, why): in-process for scripts that use the elastic API, restart-based otherwise."""
         if self.mode != AUTO:
             return self.mode, "chosen with --elastic_mode"
-        if not self.is_python:
+        path = self.source_file()
+        if path is None:
             return RESTART, "the entrypoint is not a Python script"
-        with open(self.entrypoint, encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             source = f.read()
         if _ELASTIC_API.search(source):
             return IN_PROCESS, "the script uses tensorflow_elastic's elastic API"
         return RESTART, ("the script does not call tensorflow_elastic.init(); it gets TF_CONFIG "
                          "and is restarted on every membership change")
+
+
+def module_source(name: str, cwd: str | None = None) -> str | None:
+    """The file ``python -m name`` would run from ``cwd``, found without importing anything
+    (a package runs its ``__main__``); None if there is none."""
+    search: list[str] | None = [cwd or os.getcwd(), *sys.path]
+    spec = None
+    for part in [*name.split("."), "__main__"]:
+        if part == "__main__" and spec is not None and spec.submodule_search_locations is None:
+            break
+        if search is None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None:
+            return None
+        search = list(spec.submodule_search_locations or []) or None
+    origin = getattr(spec, "origin", None)
+    return origin if origin and origin.endswith(".py") and os.path.isfile(origin) else None
 
 
 def parse_nnodes(value: str, flag: str = "--nnodes") -> NodeBounds:

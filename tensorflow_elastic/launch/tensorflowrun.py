@@ -1,6 +1,7 @@
 """``tensorflowrun``: one command for a multi-host elastic job on hosts that come and go.
 
     tensorflowrun --min_nodes 2 --max_nodes 4 --discovery ./discover.sh python train.py
+    tensorflowrun -np 4 --min-np 2 --host-discovery-script ./discover.sh python train.py
 
 It serves the orchestrator itself and, every ``--discovery_interval``
 seconds, asks the discovery script (and the hostfile) which hosts are up. It
@@ -25,8 +26,9 @@ import threading
 import time
 from typing import NoReturn
 
-from tensorflow_elastic import environment
+from tensorflow_elastic import __version__, environment
 from tensorflow_elastic.launch import embedded
+from tensorflow_elastic.launch.flags import LauncherArgumentParser
 from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
@@ -37,18 +39,37 @@ PROG = "tensorflowrun"
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
 
 
+_EPILOG = """\
+Discovery output and hostfile lines: 'host:slots' (also 'host slots=N', or
+'host' for one slot). Hosts that name this machine (localhost, 127.x, its
+hostname) run agents as subprocesses; others need passwordless ssh and the
+same Python environment and working directory.
+
+Every multi-word flag takes both spellings (--min-nodes or --min_nodes); the
+horovodrun names -np, --min-np, --max-np and --host-discovery-script work too.
+
+exit codes:
+  0        an agent reported the job complete and the others finished
+  1        the job failed: the orchestrator failed the run, no agent ran for
+           --idle_timeout, or agents did not finish
+  2        a bad argument; nothing was started
+  128+S    stopped by signal S (130: Ctrl-C, 143: SIGTERM)
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Discovery output and hostfile lines: 'host:slots' (also 'host slots=N', or "
-               "'host' for one slot). Hosts that name this machine (localhost, 127.x, its "
-               "hostname) run agents as subprocesses; others need passwordless ssh and the "
-               "same Python environment and working directory.")
-    p.add_argument("--min_nodes", type=int, required=True,
-                   help="worker processes the job needs to run")
-    p.add_argument("--max_nodes", type=int, required=True,
-                   help="worker processes the job may grow to")
-    p.add_argument("--discovery", metavar="SCRIPT",
+    p = LauncherArgumentParser(prog=PROG, description=__doc__, epilog=_EPILOG,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    p.add_argument("-np", "--num_proc", dest="np", type=int, metavar="N",
+                   help="worker processes of the job, as horovodrun -np: the default of "
+                   "--min_nodes and --max_nodes (alone, a job of fixed size)")
+    p.add_argument("--min_nodes", "--min_np", type=int, metavar="N",
+                   help="worker processes the job needs to run (default: -np)")
+    p.add_argument("--max_nodes", "--max_np", type=int, metavar="N",
+                   help="worker processes the job may grow to (default: -np)")
+    p.add_argument("--discovery", "--discovery_script", "--host_discovery_script",
+                   metavar="SCRIPT",
                    help="executable that prints the available hosts, one 'host:slots' per line")
     p.add_argument("--hostfile", metavar="FILE", help="hosts that are always available")
     p.add_argument("--discovery_interval", type=float, default=5.0, metavar="S",
@@ -262,6 +283,18 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
+def job_bounds(args: argparse.Namespace) -> NodeBounds:
+    """The job's worker bounds: --min_nodes and --max_nodes, each -np when not given."""
+    low = args.np if args.min_nodes is None else args.min_nodes
+    high = args.np if args.max_nodes is None else args.max_nodes
+    if low is None or high is None:
+        raise ValueError("give the job's size: -np N, or --min_nodes and --max_nodes")
+    try:
+        return NodeBounds(low, high)
+    except ValueError:
+        raise ValueError(f"need 1 <= --min_nodes <= --max_nodes, got {low} and {high}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     script = list(args.command)
@@ -274,9 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.discovery and not args.hostfile:
         _die("give --discovery SCRIPT or --hostfile FILE (or both) to say which hosts to use")
     try:
-        NodeBounds(args.min_nodes, args.max_nodes)
-    except ValueError:
-        _die(f"need 1 <= --min_nodes <= --max_nodes, got {args.min_nodes} and {args.max_nodes}")
+        bounds = job_bounds(args)
+    except ValueError as e:
+        _die(str(e))
+    args.min_nodes, args.max_nodes = bounds.min_nodes, bounds.max_nodes
     if args.discovery and not os.access(args.discovery, os.X_OK):
         _die(f"discovery script {args.discovery} is missing or not executable (chmod +x it)")
     if args.hostfile:

@@ -43,6 +43,12 @@ class ProgressTracker:
                 self._step = entry["step"]
                 self._world = entry.get("world_size", self._world)
 
+    @property
+    def step(self) -> int | None:
+        """The newest step recorded so far (None before the first)."""
+        self._read_new()
+        return self._step
+
     def line(self) -> str:
         """'step S, world size W, R steps/s' since the previous line ('' before any step).
 

@@ -1,7 +1,8 @@
 """Asynchronous parameter-server mode: a PS applies workers' gradients in the order a policy chooses.
 
 PS: server (lifecycle, events, checkpoints) over parameters, registry and master (the loop, with
-gradient, policies, stats); service + errors speak gRPC. Workers: worker, client. Both: api, cli.
+gradient, policies, stats); service + errors speak gRPC. Workers: worker, client. Both: api, cli,
+divergence (how a job whose loss became NaN or Inf says so).
 
 Names load on first use, so the launcher can read the role settings
 (:mod:`tensorflow_elastic.ps.roles`) without importing TensorFlow.
@@ -20,6 +21,7 @@ _LAZY = {
     "PSClient": "tensorflow_elastic.ps.client",
     "PSError": "tensorflow_elastic.ps.errors",
     "CheckpointError": "tensorflow_elastic.ps.checkpoint",
+    "TrainingDiverged": "tensorflow_elastic.errors",
     "run": "tensorflow_elastic.ps.api",
     "keras_gradient_fn": "tensorflow_elastic.ps.api",
     "ROLE_ENV": "tensorflow_elastic.ps.roles",

@@ -1,7 +1,10 @@
 """The master loop of the parameter server: accept or reject gradients, order them, aggregate, apply.
 
 gRPC handler threads only :meth:`Master.submit` (an append under a lock), so
-a slow update never holds up a worker's request. One thread runs
+a slow update never holds up a worker's request; a push then waits
+(:meth:`Master.wait_dealt_with`) until the loop has applied, held or
+rejected its gradient, so each worker has at most one gradient waiting and
+staleness follows the other workers' progress, not the PS's backlog. One thread runs
 :meth:`Master.run_once` in a loop: it takes up to ``max_to_accept`` queued
 gradients, checks each (unknown or finished worker, version from the future,
 staleness bound), holds the accepted ones in the policy's priority structure
@@ -15,11 +18,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
 from tensorflow_elastic.ps.config import PSConfig
+from tensorflow_elastic.ps import divergence
 from tensorflow_elastic.ps.gradient import Gradient, aggregate
 from tensorflow_elastic.ps.policies import Policy, make_policy
 from tensorflow_elastic.ps.stats import DROPPED_STALE, DROPPED_WORKER_LEFT, Rejected, Tally
@@ -33,6 +37,7 @@ STOPPED = "ps_stop"
 # Values of ``stop_reason``.
 STOP_ITERATIONS = "iterations"
 STOP_CONVERGED = "converged"
+STOP_DIVERGED = "diverged"
 
 # Keys of ``state_dict()`` that hold arrays (a list of arrays, or None); all others are JSON.
 ARRAY_KEYS = ("reference",)
@@ -83,6 +88,11 @@ class Master:
         self._reference: list[np.ndarray] | None = None
         self._tally = Tally()
         self._stop_reason: str | None = None
+        self._stop_message = ""
+        # Sequence numbers of submitted gradients the loop has not dealt with yet.
+        self._pending: set[int] = set()
+        self._dealt = threading.Condition(self._lock)
+        self._closed = False
         self._outbox: list[tuple[str, dict[str, Any]]] = []
 
     # ------------------------------------------------------------------ properties
@@ -102,6 +112,12 @@ class Master:
     def stop_reason(self) -> str | None:
         with self._lock:
             return self._stop_reason
+
+    @property
+    def stop_message(self) -> str:
+        """Why the job stopped, in words (a divergence's report); empty otherwise."""
+        with self._lock:
+            return self._stop_message
 
     # --------------------------------------------------------------- membership
 
@@ -131,9 +147,10 @@ class Master:
             if finished:
                 self._finished[worker] = self._sequence
             else:
-                queued = len(self._queue)
-                self._queue = collections.deque(g for g in self._queue if g.worker != worker)
-                dropped = queued - len(self._queue)
+                kept = collections.deque(g for g in self._queue if g.worker != worker)
+                dropped = len(self._queue) - len(kept)
+                self._settle(g for g in self._queue if g.worker == worker)
+                self._queue = kept
                 dropped += len(self._policy.remove_if(lambda g: g.worker == worker))
                 self._tally.dropped[DROPPED_WORKER_LEFT] += dropped
             self._woken = True
@@ -174,7 +191,42 @@ class Master:
             gradient.sequence = self._sequence
             self._sequence += 1
             self._queue.append(gradient)
+            self._pending.add(gradient.sequence)
             self._wake.notify()
+
+    def wait_dealt_with(self, gradient: Gradient, timeout: float) -> bool:
+        """Waits until the loop has applied, held or rejected a submitted gradient (or it was
+        dropped, or the master closed); False after ``timeout``.
+
+        A push that waits for this keeps its worker from computing on parameters that its
+        own queued gradients will change: staleness stays bounded by the other workers.
+        """
+        with self._dealt:
+            return self._dealt.wait_for(
+                lambda: gradient.sequence not in self._pending or self._closed, timeout)
+
+    def close(self) -> None:
+        """The loop has ended: no gradient will be dealt with any more; nobody waits for one."""
+        with self._dealt:
+            self._closed = True
+            self._dealt.notify_all()
+
+    def diverge(self, worker: str, what: str) -> None:
+        """A worker's loss or gradient became NaN or Inf (``what``, from
+        :func:`divergence.what_diverged`): the job stops, saying why.
+
+        The value itself was refused (it would poison the parameters); going on would
+        only diverge again, so every worker is told to stop.
+        """
+        with self._lock:
+            if self._stop_reason is None:
+                self._stop_reason = STOP_DIVERGED
+                self._stop_message = divergence.report(
+                    f"{what} on worker {worker} at version {self._version}", self._config.policy)
+                self._emit_later(STOPPED, reason=STOP_DIVERGED, accepted=self._tally.accepted,
+                                 version=self._version, message=self._stop_message,
+                                 last_loss=self._tally.last_loss)
+        self._deliver()
 
     def run_once(self, timeout: float) -> int:
         """One iteration: wait up to ``timeout`` for gradients, take, check, hold, apply.
@@ -190,19 +242,27 @@ class Master:
                 config = self._adopt_config()
                 self._evaluate_stop(config)
                 taken = self._take(config)
-            updates = 0
-            for gradient in taken:
+            try:
+                updates = self._deal_with(taken, config)
+            finally:
                 with self._lock:
-                    apply_now = self._accept(gradient, config)
-                    version = self._version
-                if apply_now:
-                    self._apply_block([gradient], None, version)
-                    updates += 1
-                elif self._policy.eager:
-                    updates += self._apply_ready(config)
-            updates += self._apply_ready(config)
+                    self._settle(taken)
         self._deliver()
         return updates
+
+    def _deal_with(self, taken: list[Gradient], config: PSConfig) -> int:
+        """Accepts or rejects each taken gradient, then applies the blocks due; the updates."""
+        updates = 0
+        for gradient in taken:
+            with self._lock:
+                apply_now = self._accept(gradient, config)
+                version = self._version
+            if apply_now:
+                self._apply_block([gradient], None, version)
+                updates += 1
+            elif self._policy.eager:
+                updates += self._apply_ready(config)
+        return updates + self._apply_ready(config)
 
     def should_stop(self) -> bool:
         """True once the async iteration total is reached or the loss has plateaued."""
@@ -241,6 +301,7 @@ class Master:
                 "staleness": tally.staleness_summary(),
                 "last_loss": tally.last_loss,
                 "stop_reason": self._stop_reason,
+                "stop_message": self._stop_message,
             }
 
     def state_dict(self) -> dict[str, Any]:
@@ -265,9 +326,11 @@ class Master:
             self._sequence = int(state["sequence"])
             reference = state.get("reference")
             self._reference = None if reference is None else [np.asarray(a) for a in reference]
+            self._settle(self._queue)
             self._queue.clear()
             self._policy = self._new_policy(self._config.policy)
             self._stop_reason = None
+            self._stop_message = ""
 
     # ------------------------------------------------------------------ internals
 
@@ -280,6 +343,11 @@ class Master:
             for gradient in held:
                 self._policy.push(gradient)
         return config
+
+    def _settle(self, gradients: Iterable[Gradient]) -> None:
+        """Under the lock: these gradients are dealt with; their pushes may return."""
+        self._pending.difference_update(g.sequence for g in gradients)
+        self._dealt.notify_all()
 
     def _new_policy(self, name: str) -> Policy:
         policy = make_policy(name)

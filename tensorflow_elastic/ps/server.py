@@ -4,7 +4,8 @@ One thread runs the master loop (take gradients, order them by the policy,
 aggregate, apply); gRPC handler threads only check requests and queue
 gradients, so a slow worker never holds up the others. The job ends when a
 stop was decided (iteration total or convergence) and every worker has
-acknowledged it, or when every worker has finished its own iterations.
+acknowledged it, or when every worker has finished its own iterations. A
+worker's NaN or Inf loss or gradient ends it too, with :class:`TrainingDiverged`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import grpc
 
+from tensorflow_elastic.errors import TrainingDiverged
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
@@ -26,7 +28,7 @@ from tensorflow_elastic.ps import security, tensors
 from tensorflow_elastic.ps.checkpoint import Checkpointer
 from tensorflow_elastic.ps.config import PSConfig
 from tensorflow_elastic.ps.gradient import Gradient
-from tensorflow_elastic.ps.master import WORKER_ADDED, WORKER_REMOVED, Master
+from tensorflow_elastic.ps.master import STOP_DIVERGED, WORKER_ADDED, WORKER_REMOVED, Master
 from tensorflow_elastic.memory import keep_large_buffers
 from tensorflow_elastic.ps.parameters import Parameters
 from tensorflow_elastic.ps.refusals import Refusals
@@ -37,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_SAVED = "checkpoint_saved"
 _MASTER_POLL_S = 0.02
-# Handler threads no waiting pull may take: heartbeats, pushes and status calls always get one.
+# Handler threads no waiting call may take: heartbeats and status calls always get one.
 RESERVED_HANDLER_THREADS = 8
 
 
@@ -58,7 +60,7 @@ class ParameterServer:
     ``tls_key_file`` (PEM) serve over TLS. Messages are bounded by the model's
     size (:func:`tensors.message_limit`), a push's ``samples`` by
     ``max_samples``; of the ``handler_threads`` (idle ones cost nothing),
-    :data:`RESERVED_HANDLER_THREADS` are never taken by waiting pulls.
+    :data:`RESERVED_HANDLER_THREADS` are never taken by waiting pulls or pushes.
     """
 
     def __init__(self, variables: Sequence[Any], optimizer: Any, config: PSConfig | None = None,
@@ -100,7 +102,7 @@ class ParameterServer:
         self.refusals = Refusals()
         self._service = ParameterServerService(
             self, self.refusals, max_samples=max_samples,
-            max_waiting_pulls=handler_threads - RESERVED_HANDLER_THREADS)
+            max_waiting_calls=handler_threads - RESERVED_HANDLER_THREADS)
         self._server: grpc.Server | None = None
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
@@ -194,6 +196,12 @@ class ParameterServer:
     def submit(self, gradient: Gradient) -> None:
         self.master.submit(gradient)
 
+    def wait_dealt_with(self, gradient: Gradient, timeout: float) -> bool:
+        return self.master.wait_dealt_with(gradient, timeout)
+
+    def diverge(self, worker_id: str, what: str) -> None:
+        self.master.diverge(worker_id, what)
+
     def remove_worker(self, worker_id: str, secret: str, finished: bool, reason: str) -> None:
         """A worker's own goodbye: its work is done (``finished``) or it was preempted.
 
@@ -219,7 +227,7 @@ class ParameterServer:
                     self._record(events.FAILURE_DETECTED, node=_node(worker_id),
                                  failed=[_node(worker_id)], cause="lease expired")
                 if self.master.should_stop() and not self.stopping.is_set():
-                    self._begin_stop(self.master.stop_reason or "stop")
+                    self._begin_stop(self.master.stop_message or self.master.stop_reason or "stop")
                 live = self.registry.live()
                 if live:
                     idle_since = time.monotonic()
@@ -230,6 +238,9 @@ class ParameterServer:
                         f"no worker for {self._idle_timeout:.0f} s (version "
                         f"{self.parameters.version}); start workers with the PS address "
                         f"{self.address}, or raise idle_timeout")
+            if self.master.stop_reason == STOP_DIVERGED:
+                # The newest checkpoint stays the last one from before the divergence.
+                raise TrainingDiverged(self.master.stop_message)
             self._save_checkpoint()
             if not self._shutdown.is_set():
                 self._record(events.JOB_COMPLETE,
@@ -238,6 +249,7 @@ class ParameterServer:
             self.error = e
             logger.error("parameter server failed: %s", e)
         finally:
+            self.master.close()
             self.stopping.set()
             self.parameters.wake_waiters()
             self._done.set()

@@ -3,12 +3,14 @@
 A bad request (wrong run id, unknown worker, a worker id without its secret,
 a gradient of the wrong shape or dtype or with NaN/Inf values, a number out
 of range, a version from the future) is refused with a :class:`PSError` that
-says what is wrong, is counted by reason, and changes nothing. A full
-gradient queue is RESOURCE_EXHAUSTED: the worker retries after a pause.
-Pulls that wait for a newer version hold a handler thread each, so at most
-``max_waiting_pulls`` wait at once (the others answer at once) and
-heartbeats always find a thread. The service sees the PS only through
-:class:`Backend`.
+says what is wrong, is counted by reason, and changes nothing; except that a
+registered worker's NaN or Inf loss or gradient, refused all the same, also
+ends the job (the training diverged). A full gradient queue is
+RESOURCE_EXHAUSTED: the worker retries after a pause. A push returns once the
+master has dealt with its gradient, and pulls may wait for a newer version:
+each such wait holds a handler thread, so at most ``max_waiting_calls`` wait
+at once (the others answer at once) and heartbeats always find a thread. The
+service sees the PS only through :class:`Backend`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import grpc
 from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
-from tensorflow_elastic.ps import tensors
+from tensorflow_elastic.ps import divergence, tensors
 from tensorflow_elastic.ps.errors import (BAD_ARGUMENT, BAD_CONFIG, FUTURE_VERSION, MALFORMED,
                                           NON_FINITE, NOT_THE_WORKER, QUEUE_FULL, UNKNOWN_WORKER,
                                           WRONG_RUN, WRONG_SHAPE, PSError)
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
     from tensorflow_elastic.ps.parameters import Parameters
 
 MAX_PULL_WAIT_S = 30.0
+# A push waits at most this long for the master to deal with its gradient.
+MAX_PUSH_WAIT_S = 30.0
 # Samples behind one gradient the PS believes by default (the wskew policy weighs by them).
 DEFAULT_MAX_SAMPLES = 1 << 24
 
@@ -69,6 +73,12 @@ class Backend(Protocol):
 
     def submit(self, gradient: Gradient) -> None: ...  # QueueFull when the queue is full
 
+    # True once the master applied, held or rejected the submitted gradient; False on timeout.
+    def wait_dealt_with(self, gradient: Gradient, timeout: float) -> bool: ...
+
+    # A registered worker's loss or gradient became NaN or Inf: the job ends, saying ``what``.
+    def diverge(self, worker_id: str, what: str) -> None: ...
+
     def live_workers(self) -> list[str]: ...
 
     def stats(self) -> dict[str, Any]: ...
@@ -94,24 +104,25 @@ def _refusing(method: Callable[..., Any]) -> Callable[..., Any]:
     return handler
 
 
-def _check_number(name: str, value: float, least: float, most: float) -> None:
+def _check_number(name: str, value: float, least: float, most: float = math.inf) -> None:
     """INVALID_ARGUMENT unless ``least <= value <= most`` (NaN and infinities never are)."""
     if not (math.isfinite(value) and least <= value <= most):
-        raise PSError(f"{name} must be a finite number in [{least}, {most}], got {value}",
+        bounds = f">= {least}" if most == math.inf else f"in [{least}, {most}]"
+        raise PSError(f"{name} must be a finite number {bounds}, got {value}",
                       grpc.StatusCode.INVALID_ARGUMENT, BAD_ARGUMENT)
 
 
 class ParameterServerService(pb_grpc.ParameterServerServicer):
-    """``max_samples`` bounds a push's ``samples``; ``max_waiting_pulls`` (None: no bound) the
-    pulls that wait at once."""
+    """``max_samples`` bounds a push's ``samples``; ``max_waiting_calls`` (None: no bound) the
+    pulls and pushes that wait at once."""
 
     def __init__(self, backend: Backend, refusals: Refusals | None = None, *,
-                 max_samples: int = DEFAULT_MAX_SAMPLES, max_waiting_pulls: int | None = None):
+                 max_samples: int = DEFAULT_MAX_SAMPLES, max_waiting_calls: int | None = None):
         self._backend = backend
         self.refusals = refusals or Refusals()
         self._max_samples = max_samples
-        self._wait_slots = (threading.BoundedSemaphore(max_waiting_pulls)
-                            if max_waiting_pulls is not None else None)
+        self._wait_slots = (threading.BoundedSemaphore(max_waiting_calls)
+                            if max_waiting_calls is not None else None)
 
     def _check_run(self, run_id: str) -> None:
         if run_id != self._backend.run_id:
@@ -142,11 +153,13 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
     @_refusing
     def Pull(self, request: pb.PullRequest, context) -> pb.PullResponse:
         self._check_run(request.run_id)
-        _check_number("wait_seconds", request.wait_seconds, 0.0, math.inf)
+        _check_number("wait_seconds", request.wait_seconds, 0.0)
         self._check_worker(request.worker_id, request.worker_secret)
         params = self._backend.parameters
         if request.min_version > params.version:
-            self._wait(request.min_version, min(request.wait_seconds, MAX_PULL_WAIT_S))
+            self._wait(lambda timeout: params.wait_for(request.min_version, timeout,
+                                                       self._backend.stopping),
+                       min(request.wait_seconds, MAX_PULL_WAIT_S))
         version = params.version
         if version == request.have_version:
             # Only a worker ahead of the PS (which restarted from a checkpoint) gets the older
@@ -157,14 +170,14 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         tensors.add_raw(response.parameters, raws)
         return response
 
-    def _wait(self, version: int, timeout: float) -> None:
-        """Waits for ``version`` if a wait slot is free; else returns at once (the worker
-        polls again), so waiting pulls never take the last handler threads."""
+    def _wait(self, wait: Callable[[float], object], timeout: float) -> None:
+        """Calls ``wait(timeout)`` if a wait slot is free; else returns at once (the worker
+        goes on), so waiting calls never take the last handler threads."""
         slots = self._wait_slots
         if slots is not None and not slots.acquire(blocking=False):
             return
         try:
-            self._backend.parameters.wait_for(version, timeout, self._backend.stopping)
+            wait(timeout)
         finally:
             if slots is not None:
                 slots.release()
@@ -175,8 +188,11 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
         self._check_worker(request.worker_id, request.worker_secret)
         if request.samples:
             _check_number("samples", request.samples, 1, self._max_samples)
-        if request.HasField("loss"):
-            _check_number("loss", request.loss, -math.inf, math.inf)
+        if request.HasField("loss") and not math.isfinite(request.loss):
+            self._backend.diverge(request.worker_id, divergence.loss_diverged(request.loss))
+            raise PSError(f"loss must be a finite number, got {request.loss}: the training "
+                          f"diverged and the job ends", grpc.StatusCode.INVALID_ARGUMENT,
+                          BAD_ARGUMENT)
         try:
             arrays = tensors.decode_all(request.gradients)
         except ValueError as e:
@@ -187,21 +203,28 @@ class ParameterServerService(pb_grpc.ParameterServerServicer):
             raise PSError(str(e), grpc.StatusCode.INVALID_ARGUMENT, WRONG_SHAPE) from None
         bad = tensors.first_non_finite(arrays)
         if bad is not None:
-            raise PSError(f"the gradient for {self._backend.parameters.specs[bad].name} has NaN "
-                          f"or Inf values; lower the learning rate or clip gradients on the "
-                          f"worker", grpc.StatusCode.INVALID_ARGUMENT, NON_FINITE)
+            name = self._backend.parameters.specs[bad].name
+            self._backend.diverge(request.worker_id, divergence.gradient_diverged(name))
+            raise PSError(f"the gradient for {name} has NaN or Inf values: the training "
+                          f"diverged and the job ends; lower the learning rate or clip "
+                          f"gradients on the worker", grpc.StatusCode.INVALID_ARGUMENT,
+                          NON_FINITE)
         version = self._backend.parameters.version
         if request.version > version:
             raise PSError(f"gradient computed on version {request.version}, but the parameters "
                           f"are at version {version}; pull before computing",
                           grpc.StatusCode.INVALID_ARGUMENT, FUTURE_VERSION)
+        gradient = Gradient(worker=request.worker_id, version=request.version, arrays=arrays,
+                            samples=request.samples or 1,
+                            loss=request.loss if request.HasField("loss") else None)
         try:
-            self._backend.submit(Gradient(
-                worker=request.worker_id, version=request.version, arrays=arrays,
-                samples=request.samples or 1,
-                loss=request.loss if request.HasField("loss") else None))
+            self._backend.submit(gradient)
         except QueueFull as e:
             raise PSError(str(e), grpc.StatusCode.RESOURCE_EXHAUSTED, QUEUE_FULL) from None
+        # Back pressure: the worker computes its next gradient on parameters that include this
+        # one (or after it was held or refused), not on a version its own backlog makes stale.
+        self._wait(lambda timeout: self._backend.wait_dealt_with(gradient, timeout),
+                   MAX_PUSH_WAIT_S)
         return self._reply()
 
     @_refusing

@@ -2,7 +2,8 @@
 
 It prints its world size from TF_CONFIG (restart-based mode) and the port of the
 socket its launcher passed down holding its address (in-process mode), then, by its
-flags: raises (a crash with a traceback), runs for some seconds, or runs until
+flags: raises (a crash with a traceback that names its pid, so no two crashes are the
+same; or a setup error, the same in every worker and every start), runs for some seconds, or runs until
 a stop file appears; it writes a done file when it ends normally. SIGTERM
 makes it print "got SIGTERM" and exit 0 (a graceful leave).
 """
@@ -17,6 +18,7 @@ import time
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--crash", action="store_true")
+parser.add_argument("--setup_error", action="store_true")
 parser.add_argument("--seconds", type=float, default=0.0)
 parser.add_argument("--stop_file")
 parser.add_argument("--done_file")
@@ -30,6 +32,8 @@ def on_sigterm(signum, frame):
 
 
 signal.signal(signal.SIGTERM, on_sigterm)
+if args.setup_error:
+    raise ValueError("learning_rate must be positive, got -1")
 world = len(json.loads(os.environ.get("TF_CONFIG", '{"cluster": {"worker": []}}'))["cluster"]["worker"])
 held_port = None
 if "TFE_ADDRESS_FD" in os.environ:
@@ -39,7 +43,7 @@ print(json.dumps({"world": world, "node": os.environ.get("TFE_NODE_ID"),
                   "restart_count": os.environ.get("TFE_RESTART_COUNT"),
                   "address": os.environ.get("TFE_ADDRESS"), "held_port": held_port}), flush=True)
 if args.crash:
-    raise ZeroDivisionError("the worker divided by zero on purpose")
+    raise ZeroDivisionError(f"the worker divided by zero on purpose (pid {os.getpid()})")
 deadline = time.monotonic() + (args.seconds if args.seconds else args.max_seconds)
 while time.monotonic() < deadline:
     if args.stop_file and os.path.exists(args.stop_file):

@@ -2,7 +2,10 @@
 
 import pytest
 
-from tensorflow_elastic.launch.decision import Action, Do, Scope, Situation, decide
+from tensorflow_elastic.launch.decision import (NOT_RESTARTABLE, Action, Do, Scope, Situation,
+                                                decide)
+from tensorflow_elastic.launch.error_files import WorkerFailure
+from tensorflow_elastic.launch.repeats import UserError
 
 GROUP, WORKER = Scope.GROUP, Scope.WORKER
 RUNNING = None
@@ -46,10 +49,62 @@ CASES = [
     ("worker: membership changes are the workers' own", WORKER, (RUNNING,), (), 0, 3, True, []),
     ("worker: all finished", WORKER, (0, 0, 1), (), 1, 3, False, [Action(Do.FINISH)]),
 ]
+NOT_RESTARTED = "a restart cannot fix its error"
+# (scope, exit codes, failed now, final) -> actions: errors a restart cannot fix (e.g. diverged)
+FINAL_CASES = [
+    ("group: fails at once, restarts left", GROUP, (1, RUNNING), (0,), (0,),
+     [Action(Do.FAIL, reason=NOT_RESTARTABLE)]),
+    ("worker: kept down, the others run on", WORKER, (1, RUNNING), (0,), (0,),
+     [Action(Do.KEEP_DOWN, 0, NOT_RESTARTED)]),
+    ("worker: the last one down ends the node", WORKER, (1, 1), (1,), (0, 1),
+     [Action(Do.KEEP_DOWN, 1, NOT_RESTARTED), Action(Do.FAIL, reason=NOT_RESTARTABLE)]),
+    ("worker: another failure still restarts", WORKER, (1, 1, RUNNING), (1,), (0,),
+     [Action(Do.RESTART_WORKER, 1)]),
+]
 
 
 @pytest.mark.parametrize("scope, codes, failed, restarts, max_restarts, changed, expected",
                          [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_decision(scope, codes, failed, restarts, max_restarts, changed, expected):
     seen = Situation(codes, failed, restarts, max_restarts, changed)
+    assert decide(scope, seen) == expected
+
+
+@pytest.mark.parametrize("scope, codes, failed, final, expected",
+                         [case[1:] for case in FINAL_CASES], ids=[case[0] for case in FINAL_CASES])
+def test_an_error_a_restart_cannot_fix_is_not_restarted(scope, codes, failed, final, expected):
+    seen = Situation(codes, failed, restarts=0, max_restarts=3, final=final)
+    assert decide(scope, seen) == expected
+
+
+SETUP_ERROR = UserError(WorkerFailure(0, None, 10, 3, 0.0, "ValueError", "bad"),
+                        "every worker failed the same way before the first step")
+REFUSED = Action(Do.FAIL, reason="every worker failed the same way before the first step: not "
+                                 "restarted, a restart would fail the same way", exit_code=3)
+
+USER_ERROR_CASES = [
+    # (scope, exit codes, failed, restarts, user error, awaiting others) -> actions
+    ("group: a user error ends the job, restarts unspent", GROUP, (3, 3), (0, 1), 0,
+     SETUP_ERROR, False, [REFUSED]),
+    ("worker: a user error ends the job, restarts unspent", WORKER, (3, 3), (0, 1), 0,
+     SETUP_ERROR, False, [REFUSED]),
+    ("group: held while the others may fail so too", GROUP, (3, RUNNING), (0,), 0, None, True,
+     [Action(Do.HOLD)]),
+    ("worker: held while the others may fail so too", WORKER, (3, RUNNING), (0,), 0, None, True,
+     [Action(Do.HOLD)]),
+    ("group: a crash is restarted", GROUP, (1, RUNNING), (0,), 0, None, False,
+     [Action(Do.RESTART_GROUP)]),
+    ("worker: no user error once the job completed", WORKER, (0, 3), (1,), 0, SETUP_ERROR,
+     False, [Action(Do.KEEP_DOWN, 1, "the job is complete"), Action(Do.FINISH)]),
+    ("group: an old user error without a new failure decides nothing", GROUP,
+     (RUNNING, RUNNING), (), 1, SETUP_ERROR, False, []),
+]
+
+
+@pytest.mark.parametrize("scope, codes, failed, restarts, error, awaiting, expected",
+                         [case[1:] for case in USER_ERROR_CASES],
+                         ids=[case[0] for case in USER_ERROR_CASES])
+def test_user_errors_are_not_restarted(scope, codes, failed, restarts, error, awaiting,
+                                       expected):
+    seen = Situation(codes, failed, restarts, 3, user_error=error, awaiting_others=awaiting)
     assert decide(scope, seen) == expected

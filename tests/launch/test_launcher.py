@@ -56,6 +56,20 @@ def test_crashing_worker_is_restarted_up_to_the_limit_then_fails_with_root_cause
     assert [e["source"] for e in failures if e.get("source") == "agent"] == ["agent"] * 3
 
 
+@pytest.mark.parametrize("mode", ["restart", "in_process"])
+def test_a_setup_error_every_worker_hits_ends_the_job_at_once_without_restarts(start, scripts,
+                                                                              mode):
+    proc = start("--standalone", "--nproc-per-node", "2", "--max-restarts", "5",
+                 "--elastic-mode", mode, scripts.plain, "--setup_error")
+    assert proc.wait(60) == 1, proc.output
+    assert proc.times[-1] - proc.times[0] < 10, proc.output
+    assert {rank: len(pids) for rank, pids in proc.worker_pids().items()} == {0: 1, 1: 1}
+    out = proc.output
+    assert "every worker failed the same way before the first step: not restarted" in out
+    assert "ValueError: learning_rate must be positive, got -1" in out
+    assert "restart 1 of" not in out
+
+
 def test_sigterm_is_forwarded_and_the_launcher_leaves_gracefully(start, scripts, tmp_path):
     events_file = tmp_path / "events.jsonl"
     proc = start("--standalone", "--nproc_per_node", "2", "--nworkers", "1:2",

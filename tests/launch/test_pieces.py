@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from tensorflow_elastic.errors import TrainingDiverged
 from tensorflow_elastic.launch import tensorflowrun
 from tensorflow_elastic.launch.console import ConsoleFilter
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary, write_error_file
@@ -59,6 +60,23 @@ def test_root_cause_is_the_earliest_failure_with_its_traceback(tmp_path):
     assert "node:       3" in first and "KeyError: 'missing feature'" in first
     assert 'raise KeyError("missing feature")' in first
     assert "node 4 (local rank 1, pid 101): killed by SIGKILL" in others
+
+
+def test_an_error_that_ends_the_job_by_design_is_its_message_and_is_not_restartable(tmp_path):
+    try:
+        raise TrainingDiverged("the training diverged: the loss became inf at iteration 3")
+    except TrainingDiverged as e:
+        write_error_file(e, str(tmp_path / "error.json"))
+    failure = WorkerFailure.collect(2, None, 100, 1, str(tmp_path / "error.json"), ["ignored"],
+                                    name="PS worker")
+    other = WorkerFailure(0, None, 101, -9, time=2e9, name="PS worker")
+    assert not failure.restartable and other.restartable
+    text = root_cause_summary([other, failure], "title")
+    assert "  worker:     PS worker\n" in text and "traceback" not in text
+    assert "cause:      exit code 1: TrainingDiverged: the training diverged: the loss" in text
+    assert "  PS worker (local rank 0, pid 101): killed by SIGKILL" in text
+    assert failure.brief == "exit code 1: TrainingDiverged"
+    assert "node" not in text
 
 
 def test_cooldown_doubles_up_to_the_maximum():

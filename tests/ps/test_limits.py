@@ -141,12 +141,17 @@ def test_a_full_queue_is_resource_exhausted_and_the_client_retries_until_there_i
     server.master._loop_lock.acquire()  # hold the master loop: nothing leaves the queue
     releaser = threading.Timer(1.0, release)
     try:
-        client.push(0, [np.zeros(SIZE, np.float32)])
+        # A push waits until the master has dealt with its gradient: this one is left waiting.
+        first = stub.Push.future(push_request(client, np.zeros(SIZE)), timeout=CALL_TIMEOUT_S)
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while server.master.stats()["queued"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
         error = refused(stub.Push, push_request(client, np.zeros(SIZE)))
         assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert dict(error.trailing_metadata())["tfe-reason"] == "queue_full"
         releaser.start()
         assert client.push(0, [np.zeros(SIZE, np.float32)]).version >= 0
+        assert first.result().version >= 0
     finally:
         releaser.cancel()
         if releaser.is_alive():

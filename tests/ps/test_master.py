@@ -500,3 +500,46 @@ def test_gradients_from_many_threads_are_all_accepted_once():
     assert sorted(v for _, v in h.updates) == list(range(1, 401))
     assert max(max(stats["staleness"]["histogram"]), 0) == stats["staleness"]["max"]
     assert stats["staleness"]["median"] <= stats["staleness"]["p95"] <= stats["staleness"]["max"]
+
+
+def test_a_push_waits_until_its_gradient_was_applied_held_or_rejected():
+    h = Harness(names=["a", "b"], policy="fifo", synch_block_size=2)
+    applied, held, rejected = (Gradient(w, v, [np.ones(1, np.float32)])
+                               for w, v in (("a", 0), ("b", 0), ("nobody", 0)))
+    h.master.submit(applied)
+    assert not h.master.wait_dealt_with(applied, 0.05)  # nothing ran the loop yet
+    h.master.run_once(0)
+    assert h.master.wait_dealt_with(applied, 0) and h.master.stats()["held"] == 1
+    h.master.submit(held)
+    h.master.submit(rejected)
+    h.master.run_once(0)
+    assert h.master.wait_dealt_with(held, 0) and h.master.wait_dealt_with(rejected, 0)
+    assert h.master.version == 1 and h.master.stats()["rejected"]["unknown_worker"] == 1
+
+
+def test_a_waiting_push_returns_when_its_worker_is_dropped_or_the_master_closes():
+    h = Harness(names=["a", "b"], policy="fifo")
+    dropped, left = (Gradient(w, 0, [np.ones(1, np.float32)]) for w in ("a", "b"))
+    h.master.submit(dropped)
+    h.master.submit(left)
+    h.master.remove_worker("a")
+    assert h.master.wait_dealt_with(dropped, 0) and not h.master.wait_dealt_with(left, 0)
+    h.master.close()
+    assert h.master.wait_dealt_with(left, 0)
+
+
+def test_a_divergence_stops_the_job_at_once_and_says_what_to_change():
+    h = Harness(policy="cdismin", iterations=100)
+    h.submit("a", loss=2.0)
+    h.master.run_once(0)
+    h.master.diverge("b", "loss became nan")
+    h.submit("c", version=1)
+    h.master.run_once(0)
+    assert h.master.should_stop() and h.master.stop_reason == master_lib.STOP_DIVERGED
+    assert h.master.stop_message == (
+        "the training diverged: the loss became nan on worker b at version 1 under policy "
+        "cdismin; lower the learning rate or bound the staleness with max_staleness "
+        "(ps.PSConfig(max_staleness=N), or tfelastic ps-configure --max_staleness N)")
+    assert h.master.stats()["rejected"]["finished"] == 1 and h.master.version == 1
+    assert ("ps_stop", {"reason": "diverged", "accepted": 1, "version": 1, "last_loss": 2.0,
+                        "message": h.master.stop_message}) in h.events

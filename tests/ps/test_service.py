@@ -14,8 +14,8 @@ import pytest
 from tensorflow_elastic.proto import parameter_server_pb2 as pb
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps.client import PSClient
-from tensorflow_elastic.ps.errors import (BAD_CONFIG, UNKNOWN_WORKER, WRONG_RUN, WRONG_SHAPE,
-                                          PSError)
+from tensorflow_elastic.ps.errors import (BAD_ARGUMENT, BAD_CONFIG, NON_FINITE, UNKNOWN_WORKER,
+                                          WRONG_RUN, WRONG_SHAPE, PSError)
 from tensorflow_elastic.ps.gradient import Gradient
 from tensorflow_elastic.ps.service import ParameterServerService
 
@@ -50,6 +50,7 @@ class FakeBackend:
         self.registered: list[str] = []
         self.forgotten: set[str] = set()
         self.submitted: list[Gradient] = []
+        self.diverged: list[tuple[str, str]] = []
 
     def add_worker(self, worker_id: str, secret: str) -> tuple[str, str]:
         worker_id = worker_id or "0"
@@ -65,6 +66,12 @@ class FakeBackend:
 
     def submit(self, gradient: Gradient) -> None:
         self.submitted.append(gradient)
+
+    def wait_dealt_with(self, gradient: Gradient, timeout: float) -> bool:
+        return True
+
+    def diverge(self, worker_id: str, what: str) -> None:
+        self.diverged.append((worker_id, what))
 
     def live_workers(self) -> list[str]:
         return list(self.registered)
@@ -141,3 +148,30 @@ def test_refused_settings_are_a_bad_config_error(served):
     status = client.status()
     assert (status.version, status.policy, json.loads(status.stats_json)) == (3, "fifo",
                                                                             {"accepted": 0})
+
+
+def test_a_non_finite_loss_is_refused_and_reported_as_the_job_diverging(served):
+    backend, service, client = served
+    client.register()
+    with pytest.raises(PSError) as info:
+        client.push(3, [np.ones(2, np.float32)], loss=float("inf"))
+    assert info.value.reason == BAD_ARGUMENT and backend.submitted == []
+    assert info.value.message == ("loss must be a finite number, got inf: the training diverged "
+                                  "and the job ends")
+    assert backend.diverged == [("0", "loss became inf")]
+    with pytest.raises(PSError) as info:
+        client.push(3, [np.array([1.0, np.nan], np.float32)])
+    assert info.value.reason == NON_FINITE
+    assert backend.diverged[1] == ("0", "gradient for w has NaN or Inf values")
+
+
+def test_a_number_out_of_range_is_described_by_its_bounds(served):
+    _, _, client = served
+    client.register()
+    with pytest.raises(grpc.RpcError) as info:
+        client._stub.Pull(pb.PullRequest(run_id="run-7", worker_id="0", worker_secret="secret",
+                                         wait_seconds=float("nan")), timeout=5)
+    assert info.value.details() == "wait_seconds must be a finite number >= 0.0, got nan"
+    with pytest.raises(PSError) as info:
+        client.push(3, [np.ones(2, np.float32)], samples=-1)
+    assert "samples must be a finite number in [1, 16777216], got -1" in info.value.message

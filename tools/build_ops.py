@@ -1,0 +1,141 @@
+"""Builds the op library (cc/ops, cc/kernels, cc/python) with the C++ compiler, no Bazel.
+
+It compiles against the TensorFlow installed for the Python interpreter that
+runs the build, with that TensorFlow's own compile and link flags
+(``tf.sysconfig``), so the library fits the environment it is installed into.
+TensorFlow is probed in a subprocess with the interpreter's normal import path:
+pip's isolated build environment hides the environment's packages, and
+TensorFlow must not be a build dependency (that would be a second one).
+
+    python tools/build_ops.py --out tensorflow_elastic/_ops.so
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+
+SOURCES = ("cc/ops/*.cc", "cc/kernels/*.cc", "cc/python/*.cc")
+WARNINGS = ("-Wno-deprecated-declarations", "-Wno-sign-compare")
+
+_PROBE = """
+import json, tensorflow as tf
+print(json.dumps({"version": tf.__version__, "include": tf.sysconfig.get_include(),
+                  "compile": tf.sysconfig.get_compile_flags(),
+                  "link": tf.sysconfig.get_link_flags()}))
+"""
+
+
+class BuildError(RuntimeError):
+    """The op library cannot be built here; the message says what to install or fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorFlowBuild:
+    """What a compiler needs of the installed TensorFlow."""
+
+    version: str
+    include: str
+    compile_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+
+
+def probe_tensorflow(python: str = sys.executable) -> TensorFlowBuild:
+    """The TensorFlow that ``python`` imports outside any build isolation."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    done = subprocess.run([python, "-c", _PROBE], env=env, capture_output=True, text=True,
+                          cwd=tempfile.gettempdir())
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BuildError(f"the op library is built against the installed TensorFlow, but "
+                         f"{python} cannot import it ({last}). Install it first, e.g. "
+                         f"pip install tensorflow-cpu==2.21.0, then install this package.")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return TensorFlowBuild(found["version"], found["include"], tuple(found["compile"]),
+                           tuple(found["link"]))
+
+
+def compile_flags(root: str, tf: TensorFlowBuild, pybind11_include: str) -> list[str]:
+    python_include = sysconfig.get_paths()["include"]
+    if not os.path.exists(os.path.join(python_include, "Python.h")):
+        raise BuildError(f"Python's headers are missing ({python_include}/Python.h), needed by "
+                         f"the op library's Python binding: install python3-dev (Debian/Ubuntu) "
+                         f"or python3-devel, or use a Python that has them")
+    external = os.path.join(tf.include, "external")
+    return [*tf.compile_flags, "-fPIC", "-O2", "-g0", *WARNINGS, f"-I{root}",
+            f"-I{external}/com_github_grpc_grpc/include", f"-I{external}/farmhash_archive/src",
+            f"-I{python_include}", f"-I{pybind11_include}"]
+
+
+def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
+          compiler: str | None = None, jobs: int | None = None, log=print) -> str:
+    """Compiles every source in parallel, then links ``out``; returns ``out``."""
+    compiler = compiler or os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None:
+        raise BuildError(f"no C++ compiler ({compiler} not found): install g++ (build-essential) "
+                         f"or set CXX")
+    sources = sorted(p for pattern in SOURCES for p in glob.glob(os.path.join(root, pattern)))
+    flags = compile_flags(root, tf, pybind11_include)
+    jobs = jobs or os.cpu_count() or 1
+    log(f"building the op library against TensorFlow {tf.version}: {len(sources)} sources, "
+        f"{jobs} at a time, about 15 s each ({compiler})")
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="tfe-ops-") as objects:
+        def compile_one(source: str) -> str:
+            obj = os.path.join(objects, os.path.relpath(source, root).replace(os.sep, "_") + ".o")
+            _run([compiler, *flags, "-c", source, "-o", obj])
+            return obj
+
+        done = []
+        pool = concurrent.futures.ThreadPoolExecutor(jobs)
+        try:
+            futures = {pool.submit(compile_one, s): s for s in sources}
+            for future in concurrent.futures.as_completed(futures):
+                done.append(future.result())
+                log(f"  [{len(done)}/{len(sources)}] {os.path.relpath(futures[future], root)} "
+                    f"({time.monotonic() - started:.0f} s)")
+        finally:
+            pool.shutdown(cancel_futures=True)  # after a failure, the rest is not compiled
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        _run([compiler, "-shared", "-s", *sorted(done), "-o", out, *tf.link_flags])
+    log(f"built {out} in {time.monotonic() - started:.0f} s")
+    return out
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BuildError(f"{shlex.join(argv[:1] + argv[-4:])} failed:\n"
+                         + "\n".join(done.stderr.strip().splitlines()[-40:]))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="where to write the library")
+    parser.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    args = parser.parse_args()
+    import pybind11
+
+    try:
+        build(args.root, args.out, probe_tensorflow(), pybind11.get_include())
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
