@@ -114,6 +114,12 @@ class Master:
             return self._stop_reason
 
     @property
+    def peak_workers(self) -> int:
+        """The most workers live at once so far."""
+        with self._lock:
+            return self._tally.peak_workers
+
+    @property
     def stop_message(self) -> str:
         """Why the job stopped, in words (a divergence's report); empty otherwise."""
         with self._lock:

@@ -232,7 +232,9 @@ class ParameterServer:
                 if live:
                     idle_since = time.monotonic()
                 elif self.stopping.is_set() or self.registry.finished > 0:
-                    break
+                    if (not self._expects_more_workers()
+                            or time.monotonic() - idle_since > self.registry.lease_timeout):
+                        break
                 elif time.monotonic() - idle_since > self._idle_timeout:
                     raise NoWorkersError(
                         f"no worker for {self._idle_timeout:.0f} s (version "
@@ -253,6 +255,12 @@ class ParameterServer:
             self.stopping.set()
             self.parameters.wake_waiters()
             self._done.set()
+
+    def _expects_more_workers(self) -> bool:
+        """Fewer workers than ``config.workers`` ever registered: one still starting is told
+        that the job ended (for a lease) rather than left retrying a PS that is gone."""
+        workers = self.master.config.workers
+        return workers is not None and self.master.peak_workers < workers
 
     def _begin_stop(self, reason: str) -> None:
         logger.info("stopping at version %d: %s; waiting for workers to acknowledge",
