@@ -79,7 +79,6 @@ class PhaseMachine:
         self._lock = threading.Lock()
         self._phase = WorkerPhase.JOINING
         self._reason = ""
-        self._since = time.monotonic()
         self.node = node
         self.history: collections.deque[Transition] = collections.deque(maxlen=self.HISTORY)
 
@@ -91,11 +90,6 @@ class PhaseMachine:
     def reason(self) -> str:
         """Why the worker entered its phase (empty where none was given)."""
         return self._reason
-
-    @property
-    def since(self) -> float:
-        """When (time.monotonic()) the worker entered its phase."""
-        return self._since
 
     def move(self, target: WorkerPhase, reason: str = "", *,
              only_from: frozenset[WorkerPhase] | set[WorkerPhase] | None = None) -> bool:
@@ -117,7 +111,7 @@ class PhaseMachine:
                 raise IllegalTransition(f"{self.node}: no move from {source.value} to "
                                         f"{target.value} ({reason or 'no reason given'})")
             now = time.monotonic()
-            self._phase, self._reason, self._since = target, reason, now
+            self._phase, self._reason = target, reason
             self.history.append(Transition(source, target, reason, now))
         logger.debug("%s: %s -> %s%s", self.node, source.value, target.value,
                      f" ({reason})" if reason else "")
