@@ -2,12 +2,14 @@
 
 argv: a file that gets one line per start of the training function (so a test sees a job that
 trained again), then how the exit hangs: "thread" (a non-daemon thread that never ends: the
-interpreter waits for it before its atexit handlers) or "atexit" (an atexit handler, registered
-before init(), that never returns), or "none".
+interpreter waits for it before its atexit handlers), "atexit" (an atexit handler, registered
+before init(), that never returns), "code" (the process ends with code 3, as a hang ended by a
+backup of the exit deadline does), or "none".
 """
 
 import atexit
 import json
+import os
 import sys
 import threading
 
@@ -41,3 +43,5 @@ train(state)
 print(json.dumps({"done": True, "node": runtime.node_id, "step": state.step}), flush=True)
 if HANG == "thread":
     threading.Thread(target=threading.Event().wait, name="never-ends").start()
+if HANG == "code":
+    os._exit(3)

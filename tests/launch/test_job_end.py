@@ -16,7 +16,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 FINISHING_WORKER = os.path.join(HERE, "finishing_worker.py")
 
 
-@pytest.mark.parametrize("hang", ["thread", "atexit"])
+@pytest.mark.parametrize("hang", ["thread", "atexit", "code"])
 def test_a_worker_whose_exit_hangs_after_its_training_finishes_the_job_once(
         start, tmp_path, monkeypatch, hang):
     monkeypatch.setenv("TFE_EXIT_TIMEOUT", "2")
