@@ -7,6 +7,7 @@ only names things.
 
 from __future__ import annotations
 
+import math
 import os
 
 # ---- a worker's place in the job (set by the agent for every worker)
@@ -58,6 +59,14 @@ def text(name: str, default: str | None = None) -> str | None:
 def number(name: str, default: float) -> float:
     """The variable as a float, with an error that names it when it is not one."""
     return _parsed(name, default, float, "a number")
+
+
+def duration(name: str, default: float) -> float:
+    """The variable as a number of seconds (finite, above 0), with an error that names it."""
+    value = number(name, default)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"${name}={os.environ.get(name)!r} must be a number of seconds above 0")
+    return value
 
 
 def integer(name: str, default: int) -> int:

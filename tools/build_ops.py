@@ -8,6 +8,11 @@ pip's isolated build environment hides the environment's packages, and
 TensorFlow must not be a build dependency (that would be a second one).
 
     python tools/build_ops.py --out tensorflow_elastic/_ops.so
+    python tools/build_ops.py --asan --out /tmp/asan/_ops.so   # AddressSanitizer build
+
+An AddressSanitizer build instruments the library's own code (TensorFlow's is
+not): the interpreter that loads it needs ``LD_PRELOAD`` of the compiler's
+``libasan.so`` (``asan_runtime()``), since Python itself is not instrumented.
 """
 
 from __future__ import annotations
@@ -28,6 +33,12 @@ import time
 
 SOURCES = ("cc/ops/*.cc", "cc/kernels/*.cc", "cc/python/*.cc")
 WARNINGS = ("-Wno-deprecated-declarations", "-Wno-sign-compare")
+OPTIMIZED = ("-O2", "-g0")
+# Line tables, so that a report names the source line; frame pointers, so that it has a stack.
+# The library shares objects with the uninstrumented TensorFlow, so it keeps their layout: absl
+# lays some of its types out otherwise when it sees __SANITIZE_ADDRESS__.
+SANITIZED = ("-fsanitize=address", "-U__SANITIZE_ADDRESS__", "-fno-omit-frame-pointer", "-O1",
+             "-g1")
 
 _PROBE = """
 import json, tensorflow as tf
@@ -68,29 +79,35 @@ def probe_tensorflow(python: str = sys.executable) -> TensorFlowBuild:
                            tuple(found["link"]))
 
 
-def compile_flags(root: str, tf: TensorFlowBuild, pybind11_include: str) -> list[str]:
+def compile_flags(root: str, tf: TensorFlowBuild, pybind11_include: str,
+                  asan: bool = False) -> list[str]:
     python_include = sysconfig.get_paths()["include"]
     if not os.path.exists(os.path.join(python_include, "Python.h")):
         raise BuildError(f"Python's headers are missing ({python_include}/Python.h), needed by "
                          f"the op library's Python binding: install python3-dev (Debian/Ubuntu) "
                          f"or python3-devel, or use a Python that has them")
     external = os.path.join(tf.include, "external")
-    return [*tf.compile_flags, "-fPIC", "-O2", "-g0", *WARNINGS, f"-I{root}",
+    return [*tf.compile_flags, "-fPIC", *(SANITIZED if asan else OPTIMIZED), *WARNINGS, f"-I{root}",
             f"-I{external}/com_github_grpc_grpc/include", f"-I{external}/farmhash_archive/src",
             f"-I{python_include}", f"-I{pybind11_include}"]
 
 
 def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
-          compiler: str | None = None, jobs: int | None = None, log=print) -> str:
-    """Compiles every source in parallel, then links ``out``; returns ``out``."""
+          compiler: str | None = None, jobs: int | None = None, log=print,
+          asan: bool = False) -> str:
+    """Compiles every source in parallel, then links ``out``; returns ``out``.
+
+    With ``asan`` the library is built with AddressSanitizer (see the module's docstring).
+    """
     compiler = compiler or os.environ.get("CXX") or "g++"
     if shutil.which(compiler) is None:
         raise BuildError(f"no C++ compiler ({compiler} not found): install g++ (build-essential) "
                          f"or set CXX")
     sources = sorted(p for pattern in SOURCES for p in glob.glob(os.path.join(root, pattern)))
-    flags = compile_flags(root, tf, pybind11_include)
+    flags = compile_flags(root, tf, pybind11_include, asan)
     jobs = jobs or os.cpu_count() or 1
-    log(f"building the op library against TensorFlow {tf.version}: {len(sources)} sources, "
+    log(f"building the {'AddressSanitizer ' if asan else ''}op library against TensorFlow "
+        f"{tf.version}: {len(sources)} sources, "
         f"{jobs} at a time, about 15 s each ({compiler})")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfe-ops-") as objects:
@@ -110,9 +127,23 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
         finally:
             pool.shutdown(cancel_futures=True)  # after a failure, the rest is not compiled
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        _run([compiler, "-shared", "-s", *sorted(done), "-o", out, *tf.link_flags])
+        link = ("-fsanitize=address",) if asan else ("-s",)
+        _run([compiler, "-shared", *link, *sorted(done), "-o", out, *tf.link_flags])
     log(f"built {out} in {time.monotonic() - started:.0f} s")
     return out
+
+
+def asan_runtime(compiler: str | None = None) -> str:
+    """The AddressSanitizer runtime of ``compiler``, for ``LD_PRELOAD`` of an ``asan`` build."""
+    compiler = compiler or os.environ.get("CXX") or "g++"
+    if shutil.which(compiler) is None:
+        raise BuildError(f"no C++ compiler ({compiler} not found): install g++ or set CXX")
+    found = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True,
+                           text=True).stdout.strip()
+    if not os.path.isabs(found) or not os.path.exists(found):
+        raise BuildError(f"{compiler} has no AddressSanitizer runtime (libasan.so): install "
+                         f"libasan (Debian: libgcc-12-dev) or use another compiler")
+    return os.path.realpath(found)
 
 
 def _run(argv: list[str]) -> None:
@@ -126,11 +157,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="where to write the library")
     parser.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parser.add_argument("--asan", action="store_true",
+                        help="build with AddressSanitizer (load it with LD_PRELOAD of libasan.so, "
+                             "printed at the end)")
     args = parser.parse_args()
     import pybind11
 
     try:
-        build(args.root, args.out, probe_tensorflow(), pybind11.get_include())
+        build(args.root, args.out, probe_tensorflow(), pybind11.get_include(), asan=args.asan)
+        if args.asan:
+            print(f"LD_PRELOAD={asan_runtime()}")
     except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

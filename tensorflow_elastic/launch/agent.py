@@ -36,6 +36,7 @@ from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.progress import ProgressTracker
+from tensorflow_elastic.rendezvous import JobCompleteError
 
 
 @dataclasses.dataclass
@@ -109,6 +110,9 @@ class LocalAgent:
                        self.spec.run_id, self.spec.bounds)
         try:
             self._form()
+        except JobCompleteError as e:
+            # It came after the job's end: nothing is left to run, and nothing failed.
+            return self._result(WorkerState.SUCCEEDED, 0, f"{e.message}; no worker started")
         except Exception as e:  # noqa: BLE001 - any rendezvous error ends INIT with its reason
             return self._fail_without_workers(f"rendezvous failed: {e}")
         self._start_all()
@@ -244,6 +248,10 @@ class LocalAgent:
             if code is None:
                 continue
             worker.wait_output()
+            if code != 0 and self.membership is not None and self.membership.finished(slot):
+                self._info("worker %d (%s) finished its training; its exit then ended with "
+                           "code %d, which changes nothing", slot, self._who(slot), code)
+                code = 0
             self._exit_codes[slot] = code
             if code == 0:
                 self._info("worker %d (%s) finished", slot, self._who(slot))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 from tensorflow_elastic import net
-from tensorflow_elastic.rendezvous import Orchestrator, auth
+from tensorflow_elastic.rendezvous import Orchestrator, RunSettings, auth
 
 
 def tls_files(cert: str | None, key: str | None) -> tuple[str | None, str | None]:
@@ -23,8 +23,11 @@ def tls_files(cert: str | None, key: str | None) -> tuple[str | None, str | None
 
 
 def serve(endpoint: str, token: str | None, tls_cert: str | None, tls_key: str | None,
-          insecure: bool, events_file: str | None) -> Orchestrator:
+          insecure: bool, events_file: str | None, one_job: bool = True) -> Orchestrator:
     """Starts an orchestrator at `endpoint` and prints `listening on HOST:PORT`.
+
+    ``one_job``: it serves the launcher's own job, so a node that comes after the job completed
+    is told so instead of starting the run again (False: it serves job after job).
 
     Raises ValueError for settings that are refused (they say what to do) and
     OSError when the address cannot be served.
@@ -34,7 +37,8 @@ def serve(endpoint: str, token: str | None, tls_cert: str | None, tls_key: str |
     if refusal:
         raise ValueError(refusal)
     server = Orchestrator(host, port, token=token, tls_cert=tls_cert, tls_key=tls_key,
-                          events_file=events_file)
+                          events_file=events_file,
+                          settings=RunSettings(restart_completed=not one_job))
     try:
         server.start()
     except (OSError, RuntimeError, TimeoutError) as e:

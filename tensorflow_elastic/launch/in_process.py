@@ -107,6 +107,10 @@ class InProcessElasticity:
                     return node.node_id
         return None
 
+    def finished(self, slot: int) -> bool:
+        record = node_file.read(self._node_files[slot]) if self._node_files[slot] else None
+        return record is not None and record.finished
+
     def report_death(self, slot: int, cause: str) -> int | None:
         """Tells the orchestrator that the slot's node died, so its peers re-form at once."""
         record = node_file.read(self._node_files[slot]) if self._node_files[slot] else None

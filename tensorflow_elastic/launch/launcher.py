@@ -340,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.standalone:
         try:
             server = embedded.serve(args.rdzv_endpoint or "127.0.0.1:0", token, args.tls_cert,
-                                    args.tls_key, args.insecure, events_file)
+                                    args.tls_key, args.insecure, events_file,
+                                    one_job=args.script != ORCHESTRATOR_ONLY)
         except ValueError as e:
             _die(f"--standalone: {e}")
         except OSError as e:

@@ -64,6 +64,9 @@ class Membership(Protocol):
     def report_death(self, slot: int, cause: str) -> int | None:
         """Tells the orchestrator the slot's node died; returns that node's id, if it has one."""
 
+    def finished(self, slot: int) -> bool:
+        """The slot's worker said its training finished: whatever its exit code, it is done."""
+
     def complete(self) -> None:
         """The job completed: waits for the other nodes at the exit barrier."""
 

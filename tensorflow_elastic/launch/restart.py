@@ -134,6 +134,10 @@ class RestartElasticity:
             list(pool.map(enter, self._clients))
         self.leave("job complete")
 
+    def finished(self, slot: int) -> bool:
+        """A stock worker says nothing of its training: its exit code is its end."""
+        return False
+
     def report_death(self, slot: int, cause: str) -> int | None:
         """The agent's own clients are the members: the restart of the group is the report."""
         return self._clients[slot].node_id

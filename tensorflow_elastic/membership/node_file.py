@@ -1,8 +1,10 @@
-"""What a worker tells the agent that started it: its node id and generation.
+"""What a worker tells the agent that started it: its node id, its generation, its end.
 
 The agent names a file per worker start (environment.NODE_FILE); the worker
 rewrites it whenever it gets an id or enters a generation, so the agent knows
-whom a dead worker was without asking the orchestrator.
+whom a dead worker was without asking the orchestrator, and once its training
+finished, so that whatever its exit does then (a hang ended by the exit
+deadline), the agent counts it finished and never restarts it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ class NodeRecord:
     node_id: int
     generation: int  # 0 while the node waits to join (registered)
     world_size: int
+    finished: bool = False  # its training returned and it passed the exit barrier
 
 
 def write(path: str, record: NodeRecord) -> None:
@@ -35,6 +38,7 @@ def read(path: str) -> NodeRecord | None:
         record = NodeRecord(**raw)
     except (OSError, ValueError, TypeError):
         return None
-    if not all(type(v) is int and v >= 0 for v in dataclasses.astuple(record)):
+    counts = (record.node_id, record.generation, record.world_size)
+    if not all(type(v) is int and v >= 0 for v in counts) or type(record.finished) is not bool:
         return None
     return record

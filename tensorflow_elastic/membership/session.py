@@ -100,6 +100,8 @@ class MembershipSession:
         self._leave_requested = threading.Event()
         self._generation_ended = threading.Event()
         self._watch_thread: threading.Thread | None = None
+        # Training returned here (finish()): this node's part of the job is done.
+        self.finished = False
         self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside, self._on_stalled,
                                          paused=lambda: self.phase in WAITING_ON_THE_ORCHESTRATOR)
 
@@ -183,7 +185,8 @@ class MembershipSession:
         if self._node_file_path:
             world = 0 if self.membership is None else self.membership.world_size
             node_file.write(self._node_file_path,
-                            node_file.NodeRecord(self.node_id, self.generation, world))
+                            node_file.NodeRecord(self.node_id, self.generation, world,
+                                                 self.finished))
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
@@ -357,6 +360,8 @@ class MembershipSession:
                            "barrier and the leave", step, e.message)
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
+        self.finished = True
+        self._tell_agent()
         self.close()  # first: a heartbeat after the leave would find the node gone
         self.phases.move(WorkerPhase.FINISHED, "job complete", only_from={WorkerPhase.LEAVING})
         if not reachable:

@@ -15,8 +15,8 @@ See docs/orchestrator.md for the protocol.
 
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (
-    BlocklistedError, GenerationChangedError, InvalidArgumentError, NodeRemovedError,
-    RendezvousError, RendezvousTimeoutError, RunFailedError)
+    BlocklistedError, GenerationChangedError, InvalidArgumentError, JobCompleteError,
+    NodeRemovedError, RendezvousError, RendezvousTimeoutError, RunFailedError)
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import (
@@ -24,6 +24,6 @@ from tensorflow_elastic.rendezvous.types import (
 
 __all__ = [
     "BlocklistedError", "Client", "GenerationChangedError", "HeartbeatInfo",
-    "InvalidArgumentError", "Membership", "MembershipUpdate", "NodeRemovedError", "Orchestrator", "Phase",
+    "InvalidArgumentError", "JobCompleteError", "Membership", "MembershipUpdate", "NodeRemovedError", "Orchestrator", "Phase",
     "RendezvousError", "RendezvousTimeoutError", "RunFailedError", "RunSettings", "RunStatus",
 ]

@@ -22,6 +22,7 @@ NODE_REMOVED = "node_removed"
 NODE_REMOVED_MAY_RETURN = "node_removed_may_return"
 STALE_GENERATION = "stale_generation"
 RUN_FAILED = "run_failed"
+JOB_COMPLETE = "job_complete"
 TIMEOUT = "timeout"
 BLOCKLISTED = "blocklisted"
 LIMIT_REACHED = "limit_reached"
@@ -75,6 +76,13 @@ class RunFailedError(RendezvousError):
     default_reason = RUN_FAILED
 
 
+class JobCompleteError(RendezvousError):
+    """The job this run served is complete: a node that comes now has nothing to do and
+    should exit successfully (the run is not started again for it)."""
+
+    default_reason = JOB_COMPLETE
+
+
 class RendezvousTimeoutError(RendezvousError):
     """A join, barrier or exchange did not complete in time; the message names who is missing."""
 
@@ -116,6 +124,7 @@ _BY_REASON: dict[str, type[RendezvousError]] = {
     NODE_REMOVED: NodeRemovedError,
     NODE_REMOVED_MAY_RETURN: NodeRemovedError,
     RUN_FAILED: RunFailedError,
+    JOB_COMPLETE: JobCompleteError,
     TIMEOUT: RendezvousTimeoutError,
     BLOCKLISTED: BlocklistedError,
     LIMIT_REACHED: LimitReachedError,

@@ -8,7 +8,8 @@ lets the client act without parsing the message; nothing here changes the run.
 from __future__ import annotations
 
 from tensorflow_elastic.rendezvous.errors import (
-    GenerationChangedError, InvalidArgumentError, LimitReachedError, NodeRemovedError,
+    GenerationChangedError, InvalidArgumentError, JobCompleteError, LimitReachedError,
+    NodeRemovedError,
     RendezvousError, RendezvousTimeoutError, RunFailedError, NODE_REMOVED_MAY_RETURN, NOT_MEMBER,
     RUN_MISMATCH, UNKNOWN_NODE)
 from tensorflow_elastic.rendezvous.run_state import Node, RunState
@@ -34,6 +35,13 @@ def check_config(state: RunState, min_nodes: int, max_nodes: int) -> None:
 def check_not_failed(state: RunState) -> None:
     if state.phase == Phase.FAILED:
         raise RunFailedError(f"run {state.run_id!r} failed: {state.reason}")
+
+
+def job_complete(state: RunState) -> JobCompleteError:
+    """For a node that comes after the end of the one job the orchestrator serves."""
+    return JobCompleteError(f"run {state.run_id!r}: the job is complete ({state.reason}), "
+                            f"nothing is left to train; a new job starts its own orchestrator "
+                            f"(or uses another --run_id on a shared one)")
 
 
 def known_node(state: RunState, node_id: int) -> Node:

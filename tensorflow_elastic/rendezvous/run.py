@@ -10,7 +10,8 @@ wakes whoever waits on it.
 
 Phases: FORMING (no generation: gathering min_nodes), ACTIVE (generation G
 runs), and the two ends: COMPLETED (every node left) and FAILED. The next first
-join of an ended run starts it afresh. A generation forms
+join of an ended run starts it afresh (a completed one only where the orchestrator
+serves job after job: see RunSettings.restart_completed). A generation forms
 
 * at the first rendezvous, when min_nodes have joined and the last call has
   passed, or at once when max_nodes have joined;
@@ -160,6 +161,8 @@ class Run:
         state = self._state
         if not state.phase.ended:
             return
+        if state.phase == Phase.COMPLETED and not self._settings.restart_completed:
+            raise refusals.job_complete(state)
         for node_id in state.start_afresh(min_nodes, max_nodes, self._settings):
             self._liveness.forget(node_id)
         self._unacked = None

@@ -35,6 +35,10 @@ class RunSettings:
     blocklist_max_cooldown: float = 600.0
     max_value_bytes: int = 64 * 1024
     history_size: int = 100
+    # A first join of a completed run starts the next job with its run id (an orchestrator
+    # shared by job after job); False: the orchestrator serves one job (embedded in its
+    # launcher), and whoever comes after its end is told that the job is complete.
+    restart_completed: bool = True
     # Limits of the orchestrator as a whole, against bad or hostile callers.
     run_expiry: float = 600.0
     max_runs: int = 1000

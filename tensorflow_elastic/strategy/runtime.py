@@ -13,12 +13,13 @@ reset callbacks). A State reaches the job only through the few calls of
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import faulthandler
 import logging
+import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable, TypeVar
@@ -32,7 +33,7 @@ from tensorflow_elastic.membership.session import (DEFAULT_BARRIER_TIMEOUT_S,
                                                    DEFAULT_ORCHESTRATOR_WAIT_S,
                                                    DEFAULT_PROGRESS_TIMEOUT_S, MembershipSession)
 from tensorflow_elastic.observability import events
-from tensorflow_elastic.rendezvous import Client, Membership
+from tensorflow_elastic.rendezvous import Client, JobCompleteError, Membership
 from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster
 from tensorflow_elastic.strategy.decision import Action, Situation, decide
@@ -41,6 +42,9 @@ from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXIT_TIMEOUT_S = 30.0
+# After the exit deadline: seconds more before faulthandler (a hang that holds the GIL), then
+# SIGALRM (a hang in native code after the interpreter is gone), end the process.
+EXIT_BACKUP_S = 5
 # Re-forms in a row without a single commit in between: something is wrong
 # beyond a lost peer (e.g. a bug that always fails the first step).
 MAX_REFORMS_WITHOUT_PROGRESS = 5
@@ -84,8 +88,10 @@ class ElasticRuntime:
     """This process's session, its held port, its strategy, and the re-form protocol."""
 
     def __init__(self, session: MembershipSession, interrupts: CollectiveInterrupter,
-                 address_reservation: socket.socket | None = None):
+                 address_reservation: socket.socket | None = None,
+                 exit_timeout: float = DEFAULT_EXIT_TIMEOUT_S):
         self.session = session
+        self._exit_timeout = exit_timeout
         self._interrupts = interrupts
         self._address_reservation = address_reservation
         self.strategy: distribute_lib.Strategy | None = None
@@ -93,20 +99,32 @@ class ElasticRuntime:
         self._change: _Change | None = None
 
     def start(self) -> None:
-        """Joins (or registers), configures TensorFlow for this node, then follows the membership."""
-        self.session.start()
+        """Joins (or registers), configures TensorFlow for this node, then follows the membership.
+
+        A node that comes after the job completed has nothing to do: it says so and the
+        process exits successfully (training is not started again for it).
+        """
+        try:
+            self.session.start()
+        except JobCompleteError as e:
+            self.session.client.close()
+            logger.warning("%s; this node exits", e.message)
+            raise SystemExit(0) from None
         cluster.configure(self.session.node_id)
         if threading.current_thread() is threading.main_thread():
             # A preemption notice: finish the step, commit, leave; nobody rolls back.
             signal.signal(signal.SIGTERM, lambda signum, frame: self.session.request_leave())
         self.session.start_watching()
-        atexit.register(self._exit)
+        # Called before the interpreter joins the program's non-daemon threads (atexit handlers
+        # run after that join): a thread that never ends is then under the deadline too.
+        threading._register_atexit(self._exit)  # noqa: SLF001 - no public hook runs that early
 
     def _exit(self) -> None:
         """At interpreter exit, after success or a fatal error alike: stops this node's threads
         and channels (a gRPC call left open in a daemon thread can hold the exit forever), under
-        a deadline that ends the process if anything else holds it."""
-        bound_exit(environment.number(environment.EXIT_TIMEOUT, DEFAULT_EXIT_TIMEOUT_S))
+        a deadline that ends the process if anything else holds it; a node that finished its
+        training exits successfully even then."""
+        bound_exit(self._exit_timeout, finished=self.session.finished)
         self.session.client.close()
         self.session.close()
 
@@ -315,14 +333,26 @@ class ElasticRuntime:
         self._interrupts.serve(strategy.extended.generation)
 
 
-def bound_exit(timeout: float) -> None:
-    """Ends the process with exit code 1 (after writing every thread's stack to stderr) unless
-    it has ended within `timeout` seconds; an alarm a few seconds later backs this up for a hang
-    in native code after the interpreter is gone."""
-    faulthandler.dump_traceback_later(timeout, exit=True)
+def bound_exit(timeout: float, finished: bool = False) -> None:
+    """Ends the process (after writing every thread's stack to stderr) unless it has ended
+    within `timeout` seconds: with exit code 0 when this node `finished` its training (its part
+    of the job is done, whatever holds its exit), else 1. Backups a few seconds later end a
+    hang that keeps the deadline's thread from running (exit code 1, or SIGALRM); the agent
+    counts a finished node finished whatever its exit code (membership/node_file.py)."""
+    code = 0 if finished else 1
+
+    def end_the_process() -> None:
+        time.sleep(timeout)
+        sys.stderr.write(f"the process did not exit within {timeout:g} s "
+                         f"(${environment.EXIT_TIMEOUT}); ending it with exit code {code}\n")
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(code)
+
+    threading.Thread(target=end_the_process, name="tfe-exit-deadline", daemon=True).start()
+    faulthandler.dump_traceback_later(timeout + EXIT_BACKUP_S, exit=True)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-        signal.alarm(int(timeout) + 5)
+        signal.alarm(int(timeout) + 2 * EXIT_BACKUP_S)
 
 
 def _reserve(address: str | None) -> tuple[str, socket.socket]:
@@ -388,6 +418,7 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
         run_id = run_id or environment.text(environment.RUN_ID, "default")
         token = token or environment.text(environment.TOKEN)
         tls_ca = tls_ca or environment.text(environment.TLS_CA)
+        exit_timeout = environment.duration(environment.EXIT_TIMEOUT, DEFAULT_EXIT_TIMEOUT_S)
         address, reservation = _reserve(address or environment.text(environment.ADDRESS))
         min_nodes = min_nodes or environment.integer(environment.MIN_NODES, 1)
         bounds = NodeBounds(min_nodes, max_nodes or environment.integer(environment.MAX_NODES,
@@ -405,7 +436,8 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
             barrier_timeout=environment.number(environment.BARRIER_TIMEOUT,
                                                DEFAULT_BARRIER_TIMEOUT_S),
             node_file_path=environment.text(environment.NODE_FILE, ""))
-        runtime = ElasticRuntime(session, interrupts, address_reservation=reservation)
+        runtime = ElasticRuntime(session, interrupts, address_reservation=reservation,
+                                 exit_timeout=exit_timeout)
         runtime.start()
         _runtime = runtime
         return runtime

@@ -121,7 +121,8 @@ def test_a_worker_tells_the_agent_its_id_and_generation_and_no_status_is_asked(a
 def test_a_torn_or_foreign_node_file_counts_as_none(tmp_path):
     path = str(tmp_path / "node")
     for text in ('{"node_id": 3', '{"node_id": -1, "generation": 0, "world_size": 0}',
-                 '{"node_id": "3", "generation": 0, "world_size": 0}', '[1, 2, 3]'):
+                 '{"node_id": "3", "generation": 0, "world_size": 0}', '[1, 2, 3]',
+                 '{"node_id": 3, "generation": 0, "world_size": 0, "finished": 1}'):
         with open(path, "w") as f:
             f.write(text)
         assert node_file.read(path) is None

@@ -284,6 +284,10 @@ def test_a_node_tells_its_agent_its_id_and_each_generation(tmp_path):
             first = session.generation
             _reform(session)
             assert node_file.read(path).generation == session.generation > first
+            assert not node_file.read(path).finished
+            session.finish(3)
+            # Whatever its exit does now, its agent counts it finished.
+            assert node_file.read(path).finished
         finally:
             session.close()
             session.client.close()

@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from tensorflow_elastic.rendezvous import NodeRemovedError, Phase, RunFailedError
+from tensorflow_elastic.rendezvous import (JobCompleteError, NodeRemovedError, Orchestrator, Phase,
+                                           RunFailedError, RunSettings)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -69,3 +70,23 @@ def test_the_completed_end_is_on_the_wire(start_orchestrator, nodes_for):
     done.leave("job complete")
     [run] = nodes.client().status()
     assert run.state == Phase.COMPLETED and run.state.ended
+
+
+def test_an_orchestrator_that_serves_one_job_tells_whoever_comes_after_its_end_that_it_is_complete(
+        nodes_for):
+    server = Orchestrator(settings=RunSettings(restart_completed=False)).start()
+    try:
+        nodes = nodes_for(server.endpoint)
+        [(done, m1)] = nodes.join(1, 1, 2, heartbeat=None)
+        done.leave("job complete")
+        late = nodes.client()
+        for arrive in (lambda: late.join("127.0.0.1:20099", 1, 2, timeout=5),
+                       lambda: late.register("127.0.0.1:20099", 1, 2)):
+            with pytest.raises(JobCompleteError, match="the job is complete"):
+                arrive()
+        [run] = late.status()
+        assert run.reason.startswith("completed: every node left")
+        assert "run_restarted" not in [h["event"] for h in run.history]
+        assert run.nodes == [] and run.membership.generation == m1.generation
+    finally:
+        server.stop()

@@ -190,13 +190,43 @@ def test_no_probe_when_the_orchestrator_already_moved_on(job, monkeypatch):
     assert reported == [[]]
 
 
-def test_an_exit_that_hangs_is_ended_with_every_thread_s_stack(subprocess_env):
-    """The deadline `_exit` arms at interpreter exit: a process stuck past it ends with code 1."""
+def _hang_after(bound_exit_call: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """A process that arms the exit deadline with `bound_exit_call`, then hangs."""
     script = ("import threading\n"
               "from tensorflow_elastic.strategy.runtime import bound_exit\n"
-              "bound_exit(1)\n"
+              f"{bound_exit_call}\n"
               "threading.Event().wait(120)\n")
-    done = subprocess.run([sys.executable, "-c", script], env=subprocess_env,
-                          capture_output=True, text=True, timeout=90)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=90)
+
+
+def test_an_exit_that_hangs_is_ended_with_every_thread_s_stack(subprocess_env):
+    """The deadline `_exit` arms at interpreter exit: a process stuck past it ends with code 1."""
+    done = _hang_after("bound_exit(1)", subprocess_env)
     assert done.returncode == 1
     assert "most recent call first" in done.stderr and "<string>" in done.stderr
+
+
+def test_an_exit_that_hangs_after_the_training_finished_ends_successfully(subprocess_env):
+    """This node's part of the job is done: a hang at exit must not fail it (nor make its
+    agent start it again)."""
+    done = _hang_after("bound_exit(1, finished=True)", subprocess_env)
+    assert done.returncode == 0
+    assert "did not exit within 1 s ($TFE_EXIT_TIMEOUT)" in done.stderr
+    assert "most recent call first" in done.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_an_exit_timeout_that_is_no_positive_duration_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(environment.EXIT_TIMEOUT, value)
+    with pytest.raises(ValueError, match=r"\$TFE_EXIT_TIMEOUT="):
+        environment.duration(environment.EXIT_TIMEOUT, runtime.DEFAULT_EXIT_TIMEOUT_S)
+
+
+def test_init_refuses_a_bad_exit_timeout_before_anything_else(subprocess_env):
+    script = "import tensorflow_elastic as tfe\ntfe.init(endpoint='127.0.0.1:9')\n"
+    env = dict(subprocess_env, TFE_EXIT_TIMEOUT="nan", TFE_ORCHESTRATOR_WAIT="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=90)
+    assert done.returncode == 1
+    assert "$TFE_EXIT_TIMEOUT='nan' must be a number of seconds above 0" in done.stderr
