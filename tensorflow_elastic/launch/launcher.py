@@ -17,7 +17,7 @@ import threading
 from typing import NoReturn
 
 from tensorflow_elastic import __version__, environment, net
-from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded
+from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded, slurm
 from tensorflow_elastic.launch.flags import LauncherArgumentParser
 from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
@@ -113,14 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standalone", action="store_true",
                    help="embed the orchestrator in this launcher (at --rdzv_endpoint, default: a "
                    "free port on 127.0.0.1); with the script 'start' run only the orchestrator")
+    p.add_argument("--slurm", action="store_true",
+                   help="started by srun, one launcher per node (no ssh): the job's launchers "
+                   "are $SLURM_NTASKS (the default of --nnodes), task 0 ($SLURM_PROCID) embeds "
+                   "the orchestrator on the first host of $SLURM_JOB_NODELIST at port "
+                   f"{slurm.DEFAULT_PORT} (--rdzv_endpoint :PORT for another) and the others "
+                   "reach it there")
     p.add_argument("--rdzv_endpoint", metavar="HOST:PORT[,HOST:PORT]",
                    help=f"the orchestrator, or every replica of it (tfelastic-orchestrator "
                    f"--store etcd://...): calls go to the one that leads (default: "
                    f"{DEFAULT_ENDPOINT}; with --standalone the address to serve at)")
-    p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
+    p.add_argument("--nnodes", metavar="MIN:MAX",
                    help="nodes (launchers, usually machines) in the job: N, or MIN:MAX to start "
                    "at MIN and grow to MAX; the job has MIN*N to MAX*N workers with N "
-                   "--nproc_per_node (default: %(default)s)")
+                   "--nproc_per_node (default: 1; with --slurm, $SLURM_NTASKS)")
     p.add_argument("--nproc_per_node", type=int, default=1, metavar="N",
                    help="worker processes this launcher runs (default: %(default)s)")
     p.add_argument("--nworkers", metavar="MIN:MAX",
@@ -234,10 +240,10 @@ def _check_tls_args(args: argparse.Namespace) -> None:
         args.tls_cert, args.tls_key = embedded.tls_files(args.tls_cert, args.tls_key)
     except ValueError as e:
         _die(str(e))
-    if args.tls_cert and not args.standalone:
+    if args.tls_cert and not (args.standalone or args.slurm):
         _die("--tls_cert/--tls_key are for the orchestrator --standalone embeds; to reach a "
              "TLS orchestrator give --tls_ca")
-    if args.insecure and not args.standalone and args.role != PS:
+    if args.insecure and not (args.standalone or args.slurm) and args.role != PS:
         _die("--insecure is for what this launcher serves (--standalone, --role ps); "
              "tfelastic-orchestrator has its own")
     args.tls_ca = args.tls_ca or environment.text(environment.TLS_CA) or args.tls_cert
@@ -246,7 +252,30 @@ def _check_tls_args(args: argparse.Namespace) -> None:
     args.tls_ca = args.tls_ca and os.path.abspath(args.tls_ca)
 
 
+def _place_in_slurm(args: argparse.Namespace) -> None:
+    """With --slurm: the orchestrator's address and the job's launchers from srun's variables;
+    task 0 embeds the orchestrator."""
+    if args.standalone:
+        _die("--slurm and --standalone: give one (with --slurm, task 0 embeds the orchestrator)")
+    if args.role != COLLECTIVE:
+        _die(f"--slurm starts collective workers; drop --role {args.role}")
+    try:
+        task = slurm.task_from_environment(os.environ)
+    except ValueError as e:
+        _die(f"--slurm: {e}")
+    given = args.rdzv_endpoint or f":{slurm.DEFAULT_PORT}"
+    if not (given.startswith(":") and given[1:].isdigit()):
+        _die("--slurm serves the orchestrator on the first host of the allocation: "
+             "--rdzv_endpoint takes only its port, as :PORT")
+    args.rdzv_endpoint = net.format_address(task.orchestrator_host, int(given[1:]))
+    args.nnodes = args.nnodes or str(task.ntasks)
+    args.standalone = task.serves_orchestrator
+
+
 def _check_args(args: argparse.Namespace) -> tuple[int, int]:
+    if args.slurm:
+        _place_in_slurm(args)
+    args.nnodes = args.nnodes or "1"
     _check_role_args(args)
     _check_tls_args(args)
     if args.nproc_per_node < 1:
