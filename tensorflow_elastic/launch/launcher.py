@@ -26,8 +26,10 @@ from tensorflow_elastic.launch.restart import RestartElasticity
 from tensorflow_elastic.launch.spec import (AUTO, RESTART, default_log_dir, module_source,
                                            parse_nnodes)
 from tensorflow_elastic.launch.supervise import on_stop_signals, supervise
+from tensorflow_elastic.observability import prometheus
+from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
-from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
+from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError, auth
 from tensorflow_elastic.rendezvous.client import split_endpoints
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
 from tensorflow_elastic.rendezvous.types import NodeBounds
@@ -182,8 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait at the end for the other nodes to finish "
                    "(default: %(default)s)")
     p.add_argument("--progress_interval", type=float, default=30.0, metavar="S",
-                   help="seconds between progress lines (step, world size, steps/s), read from "
-                   "the events file (default: %(default)s)")
+                   help="seconds between progress lines (step, world size, steps/s), from what "
+                   "the workers report (and the events file); 0: none (default: %(default)s)")
+    prometheus.add_flags(p, "this node's workers: step, steps/s, generation, world size, "
+                         "recoveries and their durations, lost steps, sync bytes; with "
+                         "--standalone also the orchestrator's")
     p.add_argument("--role", choices=[COLLECTIVE, *ROLES], default=COLLECTIVE,
                    help="collective: synchronous data-parallel workers (MWMS); ps / worker: the "
                    "asynchronous parameter-server mode, this launcher runs the PS or "
@@ -302,9 +307,15 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
     except ValueError as e:
         _die(str(e))
     for flag in ("monitor_interval", "rdzv_timeout", "join_timeout", "stop_timeout",
-                 "exit_barrier_timeout", "progress_interval"):
+                 "exit_barrier_timeout"):
         if getattr(args, flag) <= 0:
             _die(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    if args.progress_interval < 0:
+        _die(f"--progress_interval must be >= 0 (0: no progress lines), got "
+             f"{args.progress_interval}")
+    if args.metrics_port is not None and args.role != COLLECTIVE:
+        _die(f"--metrics_port serves the metrics of collective workers; drop it with "
+             f"--role {args.role}")
     if args.nproc_per_node > bounds.max_nodes:
         _die(f"--nproc_per_node={args.nproc_per_node} is more than the --nworkers maximum "
              f"{bounds.max_nodes}; raise --nworkers")
@@ -375,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             _die(str(e), code=1)
         endpoint = server.endpoint
+    metrics, metrics_endpoint = _serve_metrics(args, server)
     try:
         if args.script == ORCHESTRATOR_ONLY:
             stop = threading.Event()
@@ -384,10 +396,32 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _check_reachable(endpoint, args.run_id, token, args.tls_ca, args.rdzv_timeout)
         return _run_collective(args, endpoint, token, events_file, bounds,
-                               hosts_orchestrator=server is not None)
+                               hosts_orchestrator=server is not None, metrics=metrics)
     finally:
+        if metrics_endpoint is not None:
+            metrics_endpoint.close()
         if server is not None:
             server.stop()
+
+
+def _serve_metrics(args: argparse.Namespace, server: Orchestrator | None
+                   ) -> tuple[WorkerMetrics | None, prometheus.Endpoint | None]:
+    """With --metrics_port: the workers' metrics (and the embedded orchestrator's) served."""
+    if args.metrics_port is None:
+        return None, None
+    metrics = WorkerMetrics(args.run_id)
+    registries = [metrics.registry] + ([server.metrics_registry] if server is not None else [])
+    endpoint = prometheus.Endpoint(*registries)
+    try:
+        port = endpoint.serve(args.metrics_host, args.metrics_port)
+    except OSError as e:
+        if server is not None:
+            server.stop()
+        _die(f"cannot serve metrics at --metrics_host {args.metrics_host} --metrics_port "
+             f"{args.metrics_port}: {e}", code=1)
+    print(f"[agent] metrics on {prometheus.url(args.metrics_host, port)}", file=sys.stderr,
+          flush=True)
+    return metrics, endpoint
 
 
 def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Event,
@@ -404,7 +438,7 @@ def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Eve
 
 def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
                     events_file: str | None, bounds: NodeBounds,
-                    hosts_orchestrator: bool) -> int:
+                    hosts_orchestrator: bool, metrics: WorkerMetrics | None = None) -> int:
     if args.address:
         host, first_port = _parse_address(args.address)
     else:
@@ -414,7 +448,7 @@ def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
                         first_port)
     wake = threading.Event()
     mode, why = _collective_mode(spec, PortAllocator(host, first_port), wake, hosts_orchestrator)
-    return supervise(spec, mode, wake, why, membership=mode)
+    return supervise(spec, mode, wake, why, membership=mode, metrics=metrics)
 
 
 def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
