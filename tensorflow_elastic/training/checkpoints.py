@@ -46,6 +46,18 @@ class Saved:
     arrays: list[np.ndarray]
 
 
+class _Value(tf.__internal__.tracking.Trackable):
+    """A value saved under the key a tf.Variable's value has, so that stock TensorFlow restores
+    it into a variable; none is created here (in a strategy's scope, where Keras runs its
+    callbacks, a new variable would be a mirrored one whose creation waits for every member)."""
+
+    def __init__(self, value: Any):
+        self._value = tf.constant(value)
+
+    def _serialize_to_tensors(self) -> dict[str, tf.Tensor]:
+        return {"VARIABLE_VALUE": self._value}
+
+
 def _latest_names(path: str) -> list[str]:
     """The checkpoints the pointer lists, oldest first, latest last (none: no valid pointer)."""
     try:
@@ -86,9 +98,8 @@ def write(path: str, saved: Saved, keep: int = 1) -> bool:
     meta = json.dumps({"layout": saved.layout, "values": saved.values,
                        "commits": saved.commits})
     with tf.device("/cpu:0"):
-        checkpoint = tf.train.Checkpoint(
-            variables=[tf.Variable(array, trainable=False) for array in saved.arrays],
-            **{META: tf.Variable(meta, trainable=False)})
+        checkpoint = tf.train.Checkpoint(variables=[_Value(array) for array in saved.arrays],
+                                         **{META: _Value(meta)})
     checkpoint.write(os.path.join(path, name))
     _sync_local(tf.io.gfile.glob(os.path.join(path, name) + ".*"))
     kept = before[-(keep - 1):] if keep > 1 else []

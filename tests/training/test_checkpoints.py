@@ -125,3 +125,18 @@ def test_the_custom_loop_helper_writes_every_n_commits_and_restores(backup_dir, 
     assert again.restore() and restored.numpy().tolist() == [4.0] and again.state.step == 4
     with pytest.raises(ValueError, match="every and keep"):
         tfe.Backup(state, backup_dir, every=0)
+
+
+def test_a_backup_written_inside_a_strategys_scope_creates_no_variable(tmp_path):
+    """Keras runs its callbacks (the chief's backup) in the strategy's scope, where a new
+    variable would be a mirrored one whose creation waits for every member."""
+    state = committed_state([6.0], 6)
+
+    def refuse(next_creator, **kwargs):
+        raise AssertionError("the backup created a variable")
+
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope(), tf.variable_creator_scope(refuse):
+        assert state.write(str(tmp_path / "backup"))
+    weights = tf.Variable([0.0])
+    assert tfe.TensorFlowState([weights], step=0).read(str(tmp_path / "backup"))
+    assert weights.numpy().tolist() == [6.0]
