@@ -362,9 +362,10 @@ class LocalAgent:
         return self.spec.log_dir or "."
 
     def _take_in_reports(self) -> None:
-        """The steps and figures the workers wrote to their node files."""
+        """The steps and figures the workers wrote to their node files (a step from the first
+        commit on: before it, a failure counts as one before the job's first step)."""
         for record in self._view.records:
-            if record is not None:
+            if record is not None and record.step > 0:
                 self._progress.note(record.step, record.world_size)
         if self._metrics is not None:
             self._metrics.update(self._view.records)

@@ -12,6 +12,7 @@ import prometheus_client as prom
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tensorflow_elastic.launch import embedded, launcher, tensorflowrun
 from tensorflow_elastic.launch.worker_metrics import RATE_WINDOW_S, WorkerMetrics
 from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.membership.node_file import NodeRecord, Progress
@@ -154,3 +155,38 @@ def test_the_launcher_serves_its_workers_recovery_and_prints_progress_without_ev
     assert sum(durations) >= 1
     assert proc.wait(240) == 0, proc.output
     assert "[agent] progress: step" in proc.output
+
+
+def test_an_embedded_orchestrator_serves_its_metrics_when_asked(capsys):
+    """tensorflowrun --metrics_port: its embedded orchestrator's metrics."""
+    server = embedded.serve("127.0.0.1:0", None, None, None, False, None, metrics_port=0)
+    try:
+        url = capsys.readouterr().out.split("metrics on ", 1)[1].split()[0]
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert "tfelastic_rpcs" in page.read().decode()
+    finally:
+        server.stop()
+    args = tensorflowrun.build_parser().parse_args(
+        ["--metrics-port", "9100", "--min_nodes", "1", "--max_nodes", "2", "--hostfile", "hosts",
+         "python", "train.py"])
+    assert (args.metrics_port, args.metrics_host) == (9100, "127.0.0.1")
+
+
+def test_the_launcher_refuses_metrics_for_the_parameter_server_roles(capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    with pytest.raises(SystemExit) as exit_:
+        launcher.main(["--role", "worker", "--ps_address", "127.0.0.1:7070", "--metrics_port",
+                       "0", str(script)])
+    assert exit_.value.code == 2 and "--metrics_port" in capsys.readouterr().err
+
+
+def test_progress_interval_0_turns_the_lines_off_and_a_negative_one_is_refused(capsys,
+                                                                               tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    args = launcher.build_parser().parse_args(["--progress_interval", "0", str(script)])
+    launcher._check_args(args)
+    with pytest.raises(SystemExit):
+        launcher.main(["--progress_interval", "-1", str(script)])
+    assert "--progress_interval must be >= 0" in capsys.readouterr().err
