@@ -3,8 +3,10 @@ tfelastic-run --metrics_port (with the embedded orchestrator's under --standalon
 
 from __future__ import annotations
 
+import io
 import os
 import signal
+import threading
 import time
 import urllib.request
 
@@ -12,12 +14,14 @@ import prometheus_client as prom
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tensorflow_elastic.launch import embedded, launcher, tensorflowrun
+from tensorflow_elastic.launch import LocalAgent, WorkerSpec, embedded, launcher, tensorflowrun
+from tensorflow_elastic.launch.mode import View
 from tensorflow_elastic.launch.worker_metrics import RATE_WINDOW_S, WorkerMetrics
 from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.membership.node_file import NodeRecord, Progress
 from tensorflow_elastic.observability.prometheus import Endpoint
 from tensorflow_elastic.observability.progress import ProgressTracker
+from tensorflow_elastic.rendezvous.types import NodeBounds
 
 from .test_tensorflow_workers import CUSTOM_LOOP
 
@@ -190,3 +194,20 @@ def test_progress_interval_0_turns_the_lines_off_and_a_negative_one_is_refused(c
     with pytest.raises(SystemExit):
         launcher.main(["--progress_interval", "-1", str(script)])
     assert "--progress_interval must be >= 0" in capsys.readouterr().err
+
+
+def test_the_agent_takes_a_workers_step_from_its_first_commit_and_feeds_its_metrics():
+    """Before a commit a failure counts as one before the job's first step (a setup error
+    every worker hits ends the job instead of being restarted)."""
+    spec = WorkerSpec("train.py", [], "127.0.0.1:1", "job", NodeBounds(1, 2), nproc_per_node=2)
+    metrics = WorkerMetrics("job")
+    agent = LocalAgent(spec, mode=None, wake=threading.Event(), metrics=metrics,
+                       stderr=io.StringIO())
+    agent._view = View((1, 2), 1, 2, records=(NodeRecord(1, 1, 2), None))
+    agent._take_in_reports()
+    assert agent._progress.step is None
+    assert metrics.registry.get_sample_value("tfelastic_worker_world_size", {"run_id": "job"}) == 2
+    agent._view = View((1, 2), 1, 2, records=(NodeRecord(1, 1, 2, step=3), NodeRecord(2, 1, 2)))
+    agent._take_in_reports()
+    assert agent._progress.step == 3
+    assert agent._progress.line() == "progress: step 3, world size 2"
