@@ -61,7 +61,8 @@ class _Value(tf.__internal__.tracking.Trackable):
 def _latest_names(path: str) -> list[str]:
     """The checkpoints the pointer lists, oldest first, latest last (none: no valid pointer)."""
     try:
-        text = tf.io.gfile.GFile(os.path.join(path, POINTER)).read()
+        with tf.io.gfile.GFile(os.path.join(path, POINTER)) as f:
+            text = f.read()
     except (tf.errors.OpError, UnicodeDecodeError):
         return []
     latest, listed = None, []
