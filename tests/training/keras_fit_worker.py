@@ -44,7 +44,7 @@ PLAIN_FIT = os.environ.get("KERAS_FIT_PLAIN") == "1"
 OUT = os.environ.get("KERAS_FIT_OUT", ".")
 CSV_PATH = os.path.join(OUT, "log.csv")
 CHECKPOINT_PATH = os.path.join(OUT, "model.weights.h5")
-BACKUP = os.path.join(OUT, "backup") if os.environ.get("KERAS_FIT_BACKUP") == "1" else None
+BACKUP = os.path.join(OUT, "state.npz") if os.environ.get("KERAS_FIT_BACKUP") == "1" else None
 
 if not REFERENCE:
     import tensorflow_elastic as tfe
