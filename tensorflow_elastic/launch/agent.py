@@ -34,9 +34,9 @@ from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summ
 from tensorflow_elastic.launch.mode import Membership, Mode, View
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
+from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.progress import ProgressTracker
-from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
 
 
 @dataclasses.dataclass

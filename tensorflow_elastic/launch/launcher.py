@@ -26,8 +26,8 @@ from tensorflow_elastic.launch.restart import RestartElasticity
 from tensorflow_elastic.launch.spec import (AUTO, RESTART, default_log_dir, module_source,
                                            parse_nnodes)
 from tensorflow_elastic.launch.supervise import on_stop_signals, supervise
-from tensorflow_elastic.observability import prometheus
 from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
+from tensorflow_elastic.observability import prometheus
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
 from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError, auth
 from tensorflow_elastic.rendezvous.client import split_endpoints

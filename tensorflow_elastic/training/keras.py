@@ -18,7 +18,8 @@ import tensorflow as tf
 
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.training.state import State
-from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401 - tfe.keras's
+# tfe.keras.MembershipSummaries
+from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401
 
 # The world size each model's train function was traced for (by id(model)): Keras
 # bakes `num_replicas_in_sync` into the loss scaling of its traced functions.
