@@ -29,6 +29,7 @@ _LAZY = {
     "ObjectState": "tensorflow_elastic.training.state",
     "TensorFlowState": "tensorflow_elastic.training.state",
     "KerasState": "tensorflow_elastic.training.state",
+    "Backup": "tensorflow_elastic.training.backup",
     "MembershipChanged": "tensorflow_elastic.errors",
     "ElasticJobFailed": "tensorflow_elastic.errors",
     "ElasticMultiWorkerMirroredStrategy": "tensorflow_elastic.strategy",

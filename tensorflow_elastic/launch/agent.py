@@ -34,6 +34,7 @@ from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summ
 from tensorflow_elastic.launch.mode import Membership, Mode, View
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
+from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.progress import ProgressTracker
 from tensorflow_elastic.rendezvous import JobCompleteError
@@ -53,12 +54,13 @@ class AgentResult:
 class LocalAgent:
     """Runs one node's worker group to the end; :meth:`run` returns how it ended.
 
-    ``membership`` is None when the workers need no orchestrator (the parameter-server roles).
+    ``membership`` is None when the workers need no orchestrator (the parameter-server roles);
+    ``metrics``, when given, gets the figures the workers report.
     """
 
     def __init__(self, spec: WorkerSpec, mode: Mode, wake: threading.Event,
                  membership: Membership | None = None, stdout: TextIO | None = None,
-                 stderr: TextIO | None = None):
+                 stderr: TextIO | None = None, metrics: WorkerMetrics | None = None):
         self.spec = spec
         self.mode = mode
         self.membership = membership
@@ -79,8 +81,9 @@ class LocalAgent:
         self._stop_signal: int | None = None
         self._job_done_at: float | None = None
         self._events = events.EventLog(spec.events_file, source="agent")
-        self._progress = ProgressTracker(spec.events_file) if spec.events_file else None
+        self._progress = ProgressTracker(spec.events_file)
         self._next_progress = time.monotonic() + spec.progress_interval
+        self._metrics = metrics
 
     # ------------------------------------------------------------------ control
 
@@ -124,6 +127,7 @@ class LocalAgent:
                 return self._stop(self._stop_signal)
             if self.membership is not None:
                 self._view = self.membership.observe()
+                self._take_in_reports()
             failed = self._poll()
             if failed:
                 self.state = WorkerState.UNHEALTHY
@@ -276,7 +280,7 @@ class LocalAgent:
         failure = WorkerFailure.collect(slot, self._view.node_ids[slot], worker.pid,
                                         self._exit_codes[slot], worker.error_file, worker.tail(),
                                         worker.log_file, self.mode.worker_name,
-                                        self._progress.step if self._progress else None)
+                                        self._progress.step)
         self.failures.append(failure)
         if not failure.restartable:
             self._final.add(slot)
@@ -365,8 +369,18 @@ class LocalAgent:
     def _log_dir(self) -> str:
         return self.spec.log_dir or "."
 
+    def _take_in_reports(self) -> None:
+        """The steps and figures the workers wrote to their node files (a step from the first
+        commit on: before it, a failure counts as one before the job's first step)."""
+        for record in self._view.records:
+            if record is not None and record.step > 0:
+                self._progress.note(record.step, record.world_size)
+        if self._metrics is not None:
+            self._metrics.update(self._view.records)
+
     def _report_progress(self) -> None:
-        if self._progress is None or time.monotonic() < self._next_progress:
+        """A progress line every --progress_interval seconds (0: none)."""
+        if not self.spec.progress_interval or time.monotonic() < self._next_progress:
             return
         self._next_progress = time.monotonic() + self.spec.progress_interval
         line = self._progress.line()

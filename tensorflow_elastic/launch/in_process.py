@@ -88,7 +88,7 @@ class InProcessElasticity:
                      default=None)
         return View(tuple(self._node_id(slot, record) for slot, record in enumerate(records)),
                     0 if newest is None else newest.generation,
-                    0 if newest is None else newest.world_size)
+                    0 if newest is None else newest.world_size, records=tuple(records))
 
     def _node_id(self, slot: int, record: node_file.NodeRecord | None) -> int | None:
         return record.node_id if record is not None else self._looked_up.get(slot)

@@ -17,7 +17,7 @@ import threading
 from typing import NoReturn
 
 from tensorflow_elastic import __version__, environment, net
-from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded
+from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded, slurm
 from tensorflow_elastic.launch.flags import LauncherArgumentParser
 from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
@@ -26,8 +26,10 @@ from tensorflow_elastic.launch.restart import RestartElasticity
 from tensorflow_elastic.launch.spec import (AUTO, RESTART, default_log_dir, module_source,
                                            parse_nnodes)
 from tensorflow_elastic.launch.supervise import on_stop_signals, supervise
+from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
+from tensorflow_elastic.observability import prometheus
 from tensorflow_elastic.ps.roles import PS, ROLES, WORKER
-from tensorflow_elastic.rendezvous import Client, RendezvousError, auth
+from tensorflow_elastic.rendezvous import Client, Orchestrator, RendezvousError, auth
 from tensorflow_elastic.rendezvous.client import split_endpoints
 from tensorflow_elastic.rendezvous.errors import UNKNOWN_RUN
 from tensorflow_elastic.rendezvous.types import NodeBounds
@@ -113,14 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standalone", action="store_true",
                    help="embed the orchestrator in this launcher (at --rdzv_endpoint, default: a "
                    "free port on 127.0.0.1); with the script 'start' run only the orchestrator")
+    p.add_argument("--slurm", action="store_true",
+                   help="started by srun, one launcher per node (no ssh): the job's launchers "
+                   "are $SLURM_NTASKS (the default of --nnodes), task 0 ($SLURM_PROCID) embeds "
+                   "the orchestrator on the first host of $SLURM_JOB_NODELIST at port "
+                   f"{slurm.DEFAULT_PORT} (--rdzv_endpoint :PORT for another) and the others "
+                   "reach it there")
     p.add_argument("--rdzv_endpoint", metavar="HOST:PORT[,HOST:PORT]",
                    help=f"the orchestrator, or every replica of it (tfelastic-orchestrator "
                    f"--store etcd://...): calls go to the one that leads (default: "
                    f"{DEFAULT_ENDPOINT}; with --standalone the address to serve at)")
-    p.add_argument("--nnodes", default="1", metavar="MIN:MAX",
+    p.add_argument("--nnodes", metavar="MIN:MAX",
                    help="nodes (launchers, usually machines) in the job: N, or MIN:MAX to start "
                    "at MIN and grow to MAX; the job has MIN*N to MAX*N workers with N "
-                   "--nproc_per_node (default: %(default)s)")
+                   "--nproc_per_node (default: 1; with --slurm, $SLURM_NTASKS)")
     p.add_argument("--nproc_per_node", type=int, default=1, metavar="N",
                    help="worker processes this launcher runs (default: %(default)s)")
     p.add_argument("--nworkers", metavar="MIN:MAX",
@@ -176,8 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait at the end for the other nodes to finish "
                    "(default: %(default)s)")
     p.add_argument("--progress_interval", type=float, default=30.0, metavar="S",
-                   help="seconds between progress lines (step, world size, steps/s), read from "
-                   "the events file (default: %(default)s)")
+                   help="seconds between progress lines (step, world size, steps/s), from what "
+                   "the workers report (and the events file); 0: none (default: %(default)s)")
+    prometheus.add_flags(p, "this node's workers: step, steps/s, generation, world size, "
+                         "recoveries and their durations, lost steps, sync bytes; with "
+                         "--standalone also the orchestrator's")
     p.add_argument("--role", choices=[COLLECTIVE, *ROLES], default=COLLECTIVE,
                    help="collective: synchronous data-parallel workers (MWMS); ps / worker: the "
                    "asynchronous parameter-server mode, this launcher runs the PS or "
@@ -234,10 +245,10 @@ def _check_tls_args(args: argparse.Namespace) -> None:
         args.tls_cert, args.tls_key = embedded.tls_files(args.tls_cert, args.tls_key)
     except ValueError as e:
         _die(str(e))
-    if args.tls_cert and not args.standalone:
+    if args.tls_cert and not (args.standalone or args.slurm):
         _die("--tls_cert/--tls_key are for the orchestrator --standalone embeds; to reach a "
              "TLS orchestrator give --tls_ca")
-    if args.insecure and not args.standalone and args.role != PS:
+    if args.insecure and not (args.standalone or args.slurm) and args.role != PS:
         _die("--insecure is for what this launcher serves (--standalone, --role ps); "
              "tfelastic-orchestrator has its own")
     args.tls_ca = args.tls_ca or environment.text(environment.TLS_CA) or args.tls_cert
@@ -246,7 +257,30 @@ def _check_tls_args(args: argparse.Namespace) -> None:
     args.tls_ca = args.tls_ca and os.path.abspath(args.tls_ca)
 
 
+def _place_in_slurm(args: argparse.Namespace) -> None:
+    """With --slurm: the orchestrator's address and the job's launchers from srun's variables;
+    task 0 embeds the orchestrator."""
+    if args.standalone:
+        _die("--slurm and --standalone: give one (with --slurm, task 0 embeds the orchestrator)")
+    if args.role != COLLECTIVE:
+        _die(f"--slurm starts collective workers; drop --role {args.role}")
+    try:
+        task = slurm.task_from_environment(os.environ)
+    except ValueError as e:
+        _die(f"--slurm: {e}")
+    given = args.rdzv_endpoint or f":{slurm.DEFAULT_PORT}"
+    if not (given.startswith(":") and given[1:].isdigit()):
+        _die("--slurm serves the orchestrator on the first host of the allocation: "
+             "--rdzv_endpoint takes only its port, as :PORT")
+    args.rdzv_endpoint = net.format_address(task.orchestrator_host, int(given[1:]))
+    args.nnodes = args.nnodes or str(task.ntasks)
+    args.standalone = task.serves_orchestrator
+
+
 def _check_args(args: argparse.Namespace) -> tuple[int, int]:
+    if args.slurm:
+        _place_in_slurm(args)
+    args.nnodes = args.nnodes or "1"
     _check_role_args(args)
     _check_tls_args(args)
     if args.nproc_per_node < 1:
@@ -273,9 +307,15 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
     except ValueError as e:
         _die(str(e))
     for flag in ("monitor_interval", "rdzv_timeout", "join_timeout", "stop_timeout",
-                 "exit_barrier_timeout", "progress_interval"):
+                 "exit_barrier_timeout"):
         if getattr(args, flag) <= 0:
             _die(f"--{flag} must be > 0, got {getattr(args, flag)}")
+    if args.progress_interval < 0:
+        _die(f"--progress_interval must be >= 0 (0: no progress lines), got "
+             f"{args.progress_interval}")
+    if args.metrics_port is not None and args.role != COLLECTIVE:
+        _die(f"--metrics_port serves the metrics of collective workers; drop it with "
+             f"--role {args.role}")
     if args.nproc_per_node > bounds.max_nodes:
         _die(f"--nproc_per_node={args.nproc_per_node} is more than the --nworkers maximum "
              f"{bounds.max_nodes}; raise --nworkers")
@@ -347,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             _die(str(e), code=1)
         endpoint = server.endpoint
+    metrics, metrics_endpoint = _serve_metrics(args, server)
     try:
         if args.script == ORCHESTRATOR_ONLY:
             stop = threading.Event()
@@ -356,10 +397,32 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         _check_reachable(endpoint, args.run_id, token, args.tls_ca, args.rdzv_timeout)
         return _run_collective(args, endpoint, token, events_file, bounds,
-                               hosts_orchestrator=server is not None)
+                               hosts_orchestrator=server is not None, metrics=metrics)
     finally:
+        if metrics_endpoint is not None:
+            metrics_endpoint.close()
         if server is not None:
             server.stop()
+
+
+def _serve_metrics(args: argparse.Namespace, server: Orchestrator | None
+                   ) -> tuple[WorkerMetrics | None, prometheus.Endpoint | None]:
+    """With --metrics_port: the workers' metrics (and the embedded orchestrator's) served."""
+    if args.metrics_port is None:
+        return None, None
+    metrics = WorkerMetrics(args.run_id)
+    registries = [metrics.registry] + ([server.metrics_registry] if server is not None else [])
+    endpoint = prometheus.Endpoint(*registries)
+    try:
+        port = endpoint.serve(args.metrics_host, args.metrics_port)
+    except OSError as e:
+        if server is not None:
+            server.stop()
+        _die(f"cannot serve metrics at --metrics_host {args.metrics_host} --metrics_port "
+             f"{args.metrics_port}: {e}", code=1)
+    print(f"[agent] metrics on {prometheus.url(args.metrics_host, port)}", file=sys.stderr,
+          flush=True)
+    return metrics, endpoint
 
 
 def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Event,
@@ -376,7 +439,7 @@ def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Eve
 
 def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
                     events_file: str | None, bounds: NodeBounds,
-                    hosts_orchestrator: bool) -> int:
+                    hosts_orchestrator: bool, metrics: WorkerMetrics | None = None) -> int:
     if args.address:
         host, first_port = _parse_address(args.address)
     else:
@@ -386,7 +449,7 @@ def _run_collective(args: argparse.Namespace, endpoint: str, token: str | None,
                         first_port)
     wake = threading.Event()
     mode, why = _collective_mode(spec, PortAllocator(host, first_port), wake, hosts_orchestrator)
-    return supervise(spec, mode, wake, why, membership=mode)
+    return supervise(spec, mode, wake, why, membership=mode, metrics=metrics)
 
 
 def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,

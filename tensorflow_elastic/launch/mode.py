@@ -12,6 +12,7 @@ import socket
 from typing import Protocol
 
 from tensorflow_elastic.launch.decision import Scope
+from tensorflow_elastic.membership.node_file import NodeRecord
 
 
 @dataclasses.dataclass
@@ -24,12 +25,14 @@ class WorkerLaunch:
 
 @dataclasses.dataclass(frozen=True)
 class View:
-    """The agent's view of its slots' nodes; ``changed``: the group must re-form."""
+    """The agent's view of its slots' nodes; ``changed``: the group must re-form;
+    ``records``: what each slot's worker last wrote of itself (empty: the mode has none)."""
 
     node_ids: tuple[int | None, ...]
     generation: int = 0
     world_size: int = 0
     changed: bool = False
+    records: tuple[NodeRecord | None, ...] = ()
 
     @classmethod
     def unknown(cls, slots: int) -> View:

@@ -10,6 +10,7 @@ from typing import Callable
 from tensorflow_elastic.launch.agent import LocalAgent
 from tensorflow_elastic.launch.mode import Membership, Mode
 from tensorflow_elastic.launch.spec import WorkerSpec
+from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
 
 
 def on_stop_signals(handler: Callable[[int], None]) -> None:
@@ -19,11 +20,13 @@ def on_stop_signals(handler: Callable[[int], None]) -> None:
 
 
 def supervise(spec: WorkerSpec, mode: Mode, wake: threading.Event, why: str,
-              membership: Membership | None = None) -> int:
-    """Runs the node's workers to the end; returns the exit code. ``why`` names the mode."""
+              membership: Membership | None = None,
+              metrics: WorkerMetrics | None = None) -> int:
+    """Runs the node's workers to the end; returns the exit code. ``why`` names the mode;
+    ``metrics`` gets the figures the workers report."""
     print(f"[agent] {why}", file=sys.stderr, flush=True)
     print(f"[agent] workers' full output: {spec.log_dir}", file=sys.stderr, flush=True)
-    agent = LocalAgent(spec, mode, wake, membership)
+    agent = LocalAgent(spec, mode, wake, membership, metrics=metrics)
     on_stop_signals(agent.request_stop)
     result = agent.run()
     if result.summary:

@@ -32,6 +32,7 @@ from tensorflow_elastic.launch.flags import LauncherArgumentParser
 from tensorflow_elastic.launch import hosts as hosts_lib
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import AUTO, IN_PROCESS, RESTART, worker_env
+from tensorflow_elastic.observability import prometheus
 from tensorflow_elastic.rendezvous import Client, Phase, RendezvousError, auth
 from tensorflow_elastic.rendezvous.types import NodeBounds
 
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"the job's events file (default: ${environment.EVENTS_FILE} if set)")
     p.add_argument("--max_restarts", type=int, default=3, metavar="N",
                    help="worker restarts per agent (default: %(default)s)")
+    prometheus.add_flags(p, "the embedded orchestrator's: members, generation, rendezvous "
+                         "durations, RPCs")
     p.add_argument("--monitor_interval", type=float, default=1.0, metavar="S",
                    help="agents' check interval (default: %(default)s)")
     p.add_argument("--elastic_mode", choices=[AUTO, IN_PROCESS, RESTART], default=AUTO,
@@ -329,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         args.tls_cert, args.tls_key = embedded.tls_files(args.tls_cert, args.tls_key)
         args.token_file = args.token_file and os.path.abspath(args.token_file)
         server = embedded.serve(args.rdzv_endpoint, token, args.tls_cert, args.tls_key,
-                                args.insecure, args.events_file)
+                                args.insecure, args.events_file,
+                                metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     except (OSError, ValueError) as e:
         _die(str(e))
     supervisor = Supervisor(args, server.endpoint, script, token)

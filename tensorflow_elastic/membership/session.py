@@ -51,6 +51,8 @@ DEFAULT_BARRIER_TIMEOUT_S = 30.0
 DEFAULT_PROGRESS_TIMEOUT_S = 300.0
 # How often a removed node whose address is blocked asks again to come back.
 BLOCKED_RETRY_S = 2.0
+# Commits rewrite the node file at most this often (the agent reads it every second).
+NODE_FILE_INTERVAL_S = 1.0
 # How long a worker waits for an orchestrator that does not answer (environment.ORCHESTRATOR_WAIT).
 DEFAULT_ORCHESTRATOR_WAIT_S = 60.0
 
@@ -92,6 +94,9 @@ class MembershipSession:
         self._steps = StepReporter(every=step_events_every)
         self._on_peers_lost = on_peers_lost
         self._node_file_path = node_file_path
+        # What the node file tells the agent besides the membership (its metrics, progress).
+        self.progress = node_file.Progress()
+        self._told_agent_at = float("-inf")
         self.membership: Membership | None = None
         self.phases = PhaseMachine()
         self.absence: Absence | None = None
@@ -173,20 +178,22 @@ class MembershipSession:
             self.client.register(self.address, self.bounds.min_nodes, self.bounds.max_nodes)
             self.phases.node = f"node {self.node_id}"
             self.phases.move(WorkerPhase.STANDBY, "the job runs already")
-            self._tell_agent()
+            self.tell_agent()
             logger.info("node %d registered; joins when training starts", self.node_id)
             return
         self._join()
         self.phases.node = f"node {self.node_id}"
         self.phases.move(WorkerPhase.MEMBER, f"joined generation {self.generation}")
-        self._tell_agent()
+        self.tell_agent()
 
-    def _tell_agent(self) -> None:
+    def tell_agent(self) -> None:
+        """Rewrites the node file: the agent's view of this node (membership, progress)."""
         if self._node_file_path:
             world = 0 if self.membership is None else self.membership.world_size
             node_file.write(self._node_file_path,
-                            node_file.NodeRecord(self.node_id, self.generation, world,
+                            self.progress.record(self.node_id, self.generation, world,
                                                  self.finished))
+            self._told_agent_at = time.monotonic()
 
     def start_watching(self) -> None:
         """Starts the heartbeat and watch threads."""
@@ -270,7 +277,7 @@ class MembershipSession:
         self.phases.move(WorkerPhase.MEMBER, f"generation {membership.generation} started",
                          only_from={WorkerPhase.REFORMING})
         self.watchdog.restart()
-        self._tell_agent()
+        self.tell_agent()
         return True
 
     def finish_step_together(self) -> None:
@@ -322,6 +329,9 @@ class MembershipSession:
         if self._steps.due(step):
             self._steps.report(step, self.membership.world_size, node=self.node_id,
                                generation=self.generation)
+        self.progress.step = step
+        if time.monotonic() - self._told_agent_at >= NODE_FILE_INTERVAL_S:
+            self.tell_agent()
 
     def report_failure(self, peers: list[int], reason: str, detail: str) -> None:
         """Records the failure and tells the orchestrator which peers this node cannot reach."""
@@ -361,7 +371,7 @@ class MembershipSession:
         self.events.record(events.JOB_COMPLETE, node=self.node_id, generation=self.generation,
                            step=step)
         self.finished = True
-        self._tell_agent()
+        self.tell_agent()
         self.close()  # first: a heartbeat after the leave would find the node gone
         self.phases.move(WorkerPhase.FINISHED, "job complete", only_from={WorkerPhase.LEAVING})
         if not reachable:

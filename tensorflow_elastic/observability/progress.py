@@ -1,8 +1,9 @@
 """One progress line per worker group on long runs: step, world size, steps per second.
 
-The agent follows the events file (only the lines appended since its last
-look) instead of its workers' output, so progress works the same for every
-script that records `step` events and never floods the terminal.
+The agent learns the step from its workers' node files, and follows the events
+file (only the lines appended since its last look) when there is one, instead
+of its workers' output: progress works the same for every elastic script, with
+or without an events file, and never floods the terminal.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from tensorflow_elastic.observability import events
 
 
 class ProgressTracker:
-    """Reads new `step` events of an events file and summarizes them in one line."""
+    """Summarizes the steps it is told of (:meth:`note`) and the new `step` events of an
+    events file (``path``; None: none) in one line."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str | None = None):
         self.path = path
         self._offset = 0
         self._step: int | None = None
@@ -24,7 +26,14 @@ class ProgressTracker:
         self._last_line_step: int | None = None
         self._last_line_time = time.time()
 
+    def note(self, step: int, world_size: int) -> None:
+        """A step a worker reported (an older one than the newest known changes nothing)."""
+        if step >= (self._step or 0):
+            self._step, self._world = step, world_size
+
     def _read_new(self) -> None:
+        if self.path is None:
+            return
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -38,10 +47,8 @@ class ProgressTracker:
                 entry = json.loads(raw)
             except ValueError:
                 continue
-            if entry.get("event") == events.STEP and isinstance(entry.get("step"), int) \
-                    and entry["step"] >= (self._step or 0):
-                self._step = entry["step"]
-                self._world = entry.get("world_size", self._world)
+            if entry.get("event") == events.STEP and isinstance(entry.get("step"), int):
+                self.note(entry["step"], entry.get("world_size", self._world))
 
     @property
     def step(self) -> int | None:

@@ -8,6 +8,7 @@ import sys
 import threading
 
 from tensorflow_elastic import environment, net
+from tensorflow_elastic.observability import prometheus
 from tensorflow_elastic.rendezvous import auth
 from tensorflow_elastic.rendezvous.etcd import parse_url
 from tensorflow_elastic.rendezvous.leader import DEFAULT_TTL_S
@@ -97,11 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         default = getattr(defaults, field)
         p.add_argument(f"--{field}", type=type(default), default=default,
                        help=f"{text} (default: %(default)s)")
-    p.add_argument("--metrics_port", type=int,
-                   help="serve Prometheus metrics at http://METRICS_HOST:PORT/metrics; 0 picks "
-                   "a port")
-    p.add_argument("--metrics_host", default="127.0.0.1",
-                   help="address the metrics are served on (default: %(default)s)")
+    prometheus.add_flags(p, "membership, generations, rendezvous durations, RPCs")
     p.add_argument("--events_file", help=f"append events (JSON lines) here (default: "
                    f"${environment.EVENTS_FILE} if set)")
     return p
@@ -148,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: no token and listening on {args.host}: anyone who reaches the port can "
               f"change membership; use --token_file", file=sys.stderr, flush=True)
     if server.metrics_port is not None:
-        print(f"metrics on http://{net.format_address(args.metrics_host, server.metrics_port)}"
-              f"/metrics", flush=True)
+        print(f"metrics on {prometheus.url(args.metrics_host, server.metrics_port)}", flush=True)
     print(f"listening on {server.endpoint}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import prometheus_client as prom
 
+from tensorflow_elastic.observability.prometheus import Endpoint
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 
 _SERVICE = pb.DESCRIPTOR.services_by_name["Rendezvous"]
@@ -33,7 +34,7 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300))
         self.rpcs = prom.Counter("tfelastic_rpcs", "RPCs served, by method and status code.",
                                  ["method", "code"], registry=self.registry)
-        self._server = None
+        self._endpoint = Endpoint(self.registry)
 
     def membership_changed(self, run_id: str, generation: int, members: int,
                            waiting: int) -> None:
@@ -64,11 +65,7 @@ class Metrics:
 
     def serve(self, host: str, port: int) -> int:
         """Serves /metrics over HTTP; returns the port (``port`` 0 picks a free one)."""
-        self._server, _ = prom.start_http_server(port, addr=host, registry=self.registry)
-        return self._server.server_address[1]
+        return self._endpoint.serve(host, port)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._endpoint.close()

@@ -13,6 +13,7 @@ import asyncio
 import threading
 
 import grpc
+import prometheus_client as prom
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from tensorflow_elastic import net, rpc
@@ -81,6 +82,11 @@ class Orchestrator:
         self._error: BaseException | None = None
         self._stopping: asyncio.Event | None = None
         self._grace = 1.0
+
+    @property
+    def metrics_registry(self) -> prom.CollectorRegistry:
+        """The orchestrator's metrics, for a launcher that serves them with its own."""
+        return self._metrics.registry
 
     @property
     def endpoint(self) -> str:

@@ -250,8 +250,13 @@ class ElasticRuntime:
         in one line what changed (TensorFlow's own lines about the aborted collectives stay in
         the workers' log files)."""
         state.sync()
-        if self._change is not None and self.membership.is_chief:
-            logger.warning("%s", self._change.describe(self.membership))
+        if self._change is not None:
+            if self._change.cause:
+                self.session.progress.recovered(time.monotonic() - self._change.started,
+                                                self._change.lost_steps or 0)
+            self.session.tell_agent()
+            if self.membership.is_chief:
+                logger.warning("%s", self._change.describe(self.membership))
         self._change = None
 
     def _note_change(self, cause: str, lost_steps: int) -> None:
@@ -286,6 +291,8 @@ class ElasticRuntime:
         self._extended().prepare_to_receive(variables)
 
     def record(self, event: str, **fields: Any) -> None:
+        if event == events.STATE_SYNCED:
+            self.session.progress.sync_bytes += fields.get("bytes", 0)
         self.session.events.record(event, node=self.node_id, generation=self.generation,
                                    **fields)
 

@@ -1,3 +1,4 @@
 """What training scripts call: State objects (commit, restore, sync), the elastic loop
-(`tfe.run`) and Keras `fit` under membership changes.
+(`tfe.run`), Keras `fit` under membership changes, backups as TensorFlow checkpoints on any
+filesystem, and membership changes as TensorBoard scalars.
 """

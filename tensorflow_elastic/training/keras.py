@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.training.state import State
+# tfe.keras.MembershipSummaries
+from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401
 
 _FUNCTIONS = ("train_function", "test_function", "predict_function")
 

@@ -8,24 +8,18 @@ world size.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
-import os
-import secrets
-import socket
 import time
-import zipfile
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
-import numpy as np
 import tensorflow as tf
 
 from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
-from tensorflow_elastic.training import layouts, plain_data
+from tensorflow_elastic.training import checkpoints, layouts, plain_data
 
 logger = logging.getLogger(__name__)
 
@@ -324,39 +318,24 @@ class TensorFlowState(State):
                            seconds=time.perf_counter() - started)
         self._adopt(furthest)
 
-    def write(self, path: str) -> bool:
-        """Writes the last snapshot (variables, Python values, commit count) to `path` at once
-        (a new file replaces the old one): what `read` loads when the whole job restarts.
+    def write(self, path: str, keep: int = 1) -> bool:
+        """Writes the last snapshot (variables, Python values, commit count) as a TensorFlow
+        checkpoint in the directory `path`, on any filesystem tf.io.gfile reaches: what `read`
+        loads when the whole job restarts (see training/checkpoints.py; `keep`: how many
+        checkpoints stay).
 
         Call it on one node (the chief), after a commit. The Python values must
-        be JSON-serializable (epoch, batch, ...). A file of a later commit is left
+        be JSON-serializable (epoch, batch, ...). A checkpoint of a later commit is left
         as it is (a member that fell behind must not take the job back): returns
-        whether it wrote. On shared storage the temporary file's name is unique to
-        this host and process, and the directory is synced after the rename.
+        whether it wrote. The new checkpoint replaces the old one at once.
         """
-        if _saved_commits(path) > self._saved_commits:
+        saved = checkpoints.Saved(layouts.describe(self._all_variables()), self._committed,
+                                  self._saved_commits,
+                                  [value.numpy() for value in self._snapshot.saved_values()])
+        if not checkpoints.write(path, saved, keep):
             logger.warning("%s holds a later commit than %d; left as it is", path,
                            self._saved_commits)
             return False
-        meta = json.dumps({"layout": layouts.describe(self._all_variables()),
-                           "values": self._committed, "commits": self._saved_commits})
-        arrays = {f"v{i}": value.numpy() for i, value in enumerate(self._snapshot.saved_values())}
-        temporary = f"{path}.{socket.gethostname()}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        try:
-            with open(temporary, "wb") as f:
-                np.savez(f, meta=np.array(meta), **arrays)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(temporary, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
-            raise
-        directory = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
         return True
 
     def read(self, path: str) -> bool:
@@ -368,18 +347,16 @@ class TensorFlowState(State):
         strategy's elastic inputs, which come last, load when
         `tensorflow_elastic.run` binds the state to the job that holds them.
         """
-        if not os.path.exists(path):
+        saved = checkpoints.read(path)
+        if saved is None:
             return False
-        with np.load(path, allow_pickle=False) as saved:
-            meta = json.loads(str(saved["meta"]))
-            values = [saved[f"v{i}"] for i in range(len(meta["layout"]))]
         variables = self._all_variables()
-        loadable = len(variables) if self._job is None else len(meta["layout"])
-        self._load(path, meta["layout"][:loadable], values[:loadable], variables)
-        object.__setattr__(self, "_read_from", (path, meta["layout"][loadable:],
-                                                values[loadable:]))
-        self._values.update(meta["values"])
-        self._commits = meta["commits"]
+        loadable = len(variables) if self._job is None else len(saved.layout)
+        self._load(path, saved.layout[:loadable], saved.arrays[:loadable], variables)
+        object.__setattr__(self, "_read_from", (path, saved.layout[loadable:],
+                                                saved.arrays[loadable:]))
+        self._values.update(saved.values)
+        self._commits = saved.commits
         self.save()
         return True
 
@@ -428,15 +405,6 @@ class KerasState(TensorFlowState):
         if self._optimizer is not None:
             variables += list(self._optimizer.variables)
         return variables
-
-
-def _saved_commits(path: str) -> int:
-    """The commit a file `write` wrote holds (-1: no such file, or not one `read` can load)."""
-    try:
-        with np.load(path, allow_pickle=False) as saved:
-            return int(json.loads(str(saved["meta"]))["commits"])
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
-        return -1
 
 
 def _optimizer_built(optimizer) -> bool:

@@ -134,3 +134,28 @@ def test_no_manifest_carries_a_token(manifest_file, load_manifest):
         for c in template.get("containers", []):
             literal = [e for e in c.get("env", []) if e["name"] == environment.TOKEN and "value" in e]
             assert not literal, f"{c['name']}: ${environment.TOKEN} must come from the Secret"
+
+
+def test_the_job_form_completes_its_pods_and_scales_within_the_bounds(resource):
+    job = resource("Job", "tfelastic-worker")
+    spec, pod = job["spec"], job["spec"]["template"]["spec"]
+    assert spec["completionMode"] == "Indexed"
+    # An elastic Indexed Job changes completions and parallelism together.
+    assert spec["completions"] == spec["parallelism"]
+    worker = container(job)
+    assert worker["command"] == ["tfelastic-run"]  # the pod ends with the launcher's code
+    args = launcher.build_parser().parse_args(expand(worker["args"], {"POD_IP": "10.0.0.7"}))
+    bounds = parse_nnodes(args.nnodes)
+    assert bounds.min_nodes <= spec["parallelism"] <= bounds.max_nodes
+    assert args.address == "10.0.0.7:2222"
+    assert args.stop_timeout < pod["terminationGracePeriodSeconds"]
+    assert args.token_file.startswith(mount_of(job, "secret", TOKEN_SECRET) + "/")
+    # A bad argument (exit 2) fails the Job instead of being replaced backoffLimit times.
+    assert pod["restartPolicy"] == "Never"
+    fail_job = next(r for r in spec["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+    assert fail_job["onExitCodes"] == {"containerName": worker["name"], "operator": "In",
+                                       "values": [2]}
+    # Its pods are not the StatefulSet's.
+    statefulset = resource("StatefulSet", "tfelastic-worker")
+    assert (job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
+            != statefulset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"])

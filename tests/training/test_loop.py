@@ -14,6 +14,7 @@ import tensorflow as tf
 import tensorflow_elastic as tfe
 from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, MembershipChanged,
                                        StateLayoutMismatch)
+from tensorflow_elastic.membership.node_file import Progress
 from tensorflow_elastic.strategy import cluster
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
@@ -31,8 +32,12 @@ class _Session:
         self.events = SimpleNamespace(record=lambda *args, **kwargs: None)
         self.left: list[str] = []
         self.reforms = 0
+        self.progress = Progress()
 
     job_failed = ""
+
+    def tell_agent(self):
+        pass
 
     def check_job_alive(self):
         if self.job_failed:
@@ -161,6 +166,19 @@ def test_a_member_whose_step_gets_another_groups_mismatch_re_forms(monkeypatch):
     assert steps == [0, 1] and session.left == [] and session.reforms == 1
 
 
+def test_a_recovery_is_counted_for_the_agent_with_its_duration_and_lost_step(monkeypatch):
+    """What the node file tells the agent (its metrics): one recovery, the step in flight lost."""
+    def train(state):
+        if session.reforms == 0:
+            raise tf.errors.UnavailableError(None, None, "peer lost")
+        return "trained"
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    assert train(state) == "trained"
+    assert (session.progress.recoveries, session.progress.lost_steps) == (1, 1)
+    assert len(session.progress.recovery_seconds) == 1
+
+
 def test_a_mismatch_in_a_step_is_not_re_formed_around(monkeypatch):
     """Members whose step tensors differ have a bug that no re-form repairs."""
     def train(state):
@@ -244,3 +262,11 @@ def test_every_failure_is_reported_and_restored_before_the_job_gives_up(monkeypa
     with pytest.raises(ElasticJobFailed, match="without a single commit"):
         train(state)
     assert session.reported == runtime_lib.MAX_REFORMS_WITHOUT_PROGRESS + 1
+
+
+def test_the_bytes_of_a_state_sync_are_counted_for_the_agent():
+    session = _Session(standby=False)
+    rt = runtime_lib.ElasticRuntime(session, CollectiveInterrupter())
+    rt.record("state_synced", source=1, receivers=[2], bytes=4096, seconds=0.1)
+    rt.record("step", step=3)
+    assert session.progress.sync_bytes == 4096

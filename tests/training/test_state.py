@@ -431,5 +431,6 @@ def test_a_member_behind_does_not_overwrite_a_later_backup_and_leaves_no_tempora
     fresh = tfe.TensorFlowState([tf.Variable([0.0])], step=0)
     assert fresh.read(path) and fresh.step == 9 and fresh.commits == 9
     assert os.listdir(tmp_path) == ["state.npz"]
-    (tmp_path / "state.npz").write_bytes(b"not a zip")  # a torn file is replaced
+    assert not [name for name in os.listdir(path) if name.endswith(".tmp")]
+    (tmp_path / "state.npz" / "checkpoint").write_bytes(b"not a pointer")  # a torn one is replaced
     assert behind.write(path)

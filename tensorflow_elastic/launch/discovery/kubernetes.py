@@ -5,17 +5,22 @@
 Pods are addressed by IP: a pod's name resolves only through a headless
 Service, its IP always. A pod that is not Running, not Ready, has no IP yet
 or is being deleted is left out, so ``tensorflowrun`` starts agents only where
-one can run and stops the agent of a pod on its way out. Needs ``kubectl``
-with permission to list pods in the namespace (``deploy/kubernetes/discovery-rbac.yaml``).
-Exits 1 with a message on stderr when kubectl is missing or fails, its output
-is not understood, or no pod qualifies.
+one can run and stops the agent of a pod on its way out. Inside a pod it asks
+the Kubernetes API with the pod's service account (no kubectl needed); outside
+one, ``kubectl``. Either needs permission to list pods in the namespace
+(``deploy/kubernetes/discovery-rbac.yaml``). Exits 1 with a message on stderr
+when the API or kubectl is missing or fails, the answer is not understood, or
+no pod qualifies.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from typing import Any
 
+from tensorflow_elastic.launch.discovery import kubernetes_api
 from tensorflow_elastic.launch.discovery.command import DiscoveryError, run_main, run_tool, slot_count
 
 PROG = "python -m tensorflow_elastic.launch.discovery.kubernetes"
@@ -33,7 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", help="the pods' namespace (default: kubectl's current one)")
     p.add_argument("--slots", type=slot_count, default=1,
                    help="worker processes per pod (default: %(default)s)")
-    p.add_argument("--kubectl", default="kubectl", help="the kubectl to run (default: %(default)s)")
+    p.add_argument("--kubectl", default="kubectl",
+                   help="the kubectl to run outside a pod (default: %(default)s)")
+    p.add_argument("--service_account_dir", default=kubernetes_api.SERVICE_ACCOUNT_DIR,
+                   help="inside a pod: the service account's token, ca.crt and namespace "
+                   "(default: %(default)s)")
     return p
 
 
@@ -56,13 +65,35 @@ def ready_pod_ips(output: str) -> list[str]:
             raise DiscoveryError(f"kubectl output, line {number}: expected 5 tab-separated "
                                  f"fields (name, IP, phase, ready, deletion), got {line!r}")
         _, ip, phase, ready, deleting = fields
-        if ip and phase == "Running" and ready == "True" and not deleting:
+        if usable(ip, phase, ready, deleting):
             ips.append(ip)
     return sorted(ips)
 
 
+def usable(ip: str, phase: str, ready: str, deleting: str) -> bool:
+    """Whether a pod can run an agent now: it has an IP, runs, is Ready, is not on its way out."""
+    return bool(ip) and phase == "Running" and ready == "True" and not deleting
+
+
+def api_pod_ips(pods: list[dict[str, Any]]) -> list[str]:
+    """The IPs of the usable pods among the API's Pod objects, sorted."""
+    ips = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        ready = next((c.get("status", "") for c in status.get("conditions") or []
+                      if c.get("type") == "Ready"), "")
+        deleting = (pod.get("metadata") or {}).get("deletionTimestamp") or ""
+        if usable(status.get("podIP") or "", status.get("phase") or "", ready, deleting):
+            ips.append(status["podIP"])
+    return sorted(ips)
+
+
 def find_hosts(args: argparse.Namespace) -> list[str]:
-    ips = ready_pod_ips(run_tool(kubectl_command(args)))
+    config = kubernetes_api.in_cluster(os.environ, args.service_account_dir)
+    if config is not None:
+        ips = api_pod_ips(kubernetes_api.list_pods(config, args.selector, args.namespace))
+    else:
+        ips = ready_pod_ips(run_tool(kubectl_command(args)))
     if not ips:
         where = f" in namespace {args.namespace}" if args.namespace else ""
         raise DiscoveryError(f"no Running and Ready pod matches {args.selector!r}{where}")
