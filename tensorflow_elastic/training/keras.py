@@ -23,7 +23,8 @@ from tensorflow_elastic.training.state import State
 # tfe.keras.MembershipSummaries
 from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401
 
-_FUNCTIONS = ("train_function", "test_function", "predict_function")
+# What `make_*_function` sets (tf-keras also keeps the tf.function behind its train function).
+_FUNCTIONS = ("train_function", "train_tf_function", "test_function", "predict_function")
 
 
 @dataclasses.dataclass
@@ -94,7 +95,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
                 f"batches per pass: an elastic epoch is one pass over a finite input; pass "
                 f"steps_per_epoch={passes} (or none), or .repeat() the input")
-        _retrace_if_world_changed(self.model, strategy.num_replicas_in_sync)
+        if _is_tf_keras(self.model) or not _scale_losses_at_run_time():
+            _retrace_if_world_changed(self.model, strategy.num_replicas_in_sync)
         if self._input is not None:
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
@@ -336,13 +338,59 @@ def _build_compiled_containers(model: Any, element_spec: Any) -> None:
             container.build(y_pred, y)
 
 
+def _scale_losses_at_run_time() -> bool:
+    """Makes Keras 3 scale each replica's loss by the world size read when a step runs, under the
+    elastic strategy; True once done.
+
+    Keras 3 multiplies a replica's loss by 1 / `num_replicas_in_sync` (and its logged loss back),
+    a Python number that its traced train function keeps: every re-form to another world size
+    would need a new trace (about a second). Reading the strategy's world size variable instead
+    lets one traced function serve every world size. Other strategies keep Keras' own scaling.
+    """
+    global _scaling_installed
+    if _scaling_installed:
+        return True
+    try:
+        from keras.src.losses import loss as keras_loss
+    except ImportError:  # another Keras layout: its functions are retraced per world size
+        return False
+    original_scale = keras_loss.scale_loss_for_distribution
+    original_unscale = keras_loss.unscale_loss_for_distribution
+    if not (callable(original_scale) and callable(original_unscale)):
+        return False
+
+    def replicas(value):
+        extended = tf.distribute.get_strategy().extended
+        world = getattr(extended, "world_size_variable", None)
+        if world is None:
+            return None
+        return tf.cast(world.read_value(), value.dtype) * len(extended.worker_devices)
+
+    def scale(value):
+        count = replicas(value)
+        return original_scale(value) if count is None else value / count
+
+    def unscale(value):
+        count = replicas(value)
+        return original_unscale(value) if count is None else value * count
+
+    keras_loss.scale_loss_for_distribution = scale
+    keras_loss.unscale_loss_for_distribution = unscale
+    _scaling_installed = True
+    return True
+
+
+_scaling_installed = False
+
+
 def _retrace_if_world_changed(model: Any, world: int) -> None:
     """Gives the model the functions traced for `world` when it last trained at another world
     size: the ones kept from an earlier time at this size, or none (Keras traces anew)."""
     traced = _traced.setdefault(model, _Traced(world))
     if traced.world == world:
         return
-    traced.functions[traced.world] = {name: getattr(model, name, None) for name in _FUNCTIONS}
+    traced.functions[traced.world] = {name: getattr(model, name) for name in _FUNCTIONS
+                                      if hasattr(model, name)}
     traced.world = world
     for name, function in traced.functions.get(world, {}).items():
         setattr(model, name, function)

@@ -15,6 +15,7 @@ class FakeModel:
     def make_train_function(self, force=False):
         self.traces += 1
         self.train_function = f"train-{self.traces}"
+        self.train_tf_function = f"tf-train-{self.traces}"  # tf-keras keeps both
 
 
 def test_a_world_size_seen_before_gets_its_functions_back_without_a_new_trace():
@@ -26,8 +27,8 @@ def test_a_world_size_seen_before_gets_its_functions_back_without_a_new_trace():
         "train-2", None, None)
     model.test_function = "test-at-2"
     tfe_keras._retrace_if_world_changed(model, 3)
-    assert (model.train_function, model.test_function, model.predict_function, model.traces) == (
-        "train-1", "test", "predict", 2)
+    assert (model.train_function, model.train_tf_function, model.test_function,
+            model.predict_function, model.traces) == ("train-1", "tf-train-1", "test", "predict", 2)
     tfe_keras._retrace_if_world_changed(model, 2)
     assert (model.train_function, model.test_function, model.traces) == ("train-2", "test-at-2", 2)
 
