@@ -128,9 +128,16 @@ class KeepAliveStream:
             beat.on_unsupported()
 
     def _failed(self, error: Exception) -> None:
-        """The stream broke: every node's last heartbeat failed, and is sent again."""
-        for beat in self._current():
+        """The stream broke: every node's last heartbeat failed. It is sent again, unless the
+        orchestrator refused the stream itself (a wrong token): then every node's heartbeats
+        end, as its calls would."""
+        beats = self._current()
+        for beat in beats:
             beat.error = error
+        if isinstance(error, RendezvousError) and error.code not in TRANSIENT:
+            for beat in beats:
+                self.remove(beat)
+                beat.on_stop(error)
 
     def _current(self) -> list[Beat]:
         with self._lock:

@@ -264,7 +264,8 @@ class RendezvousService:
                                                                     request.generation))
 
     async def KeepAlive(self, requests: AsyncIterator[pb.KeepAliveRequest],
-                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.KeepAliveResponse]:
+                        context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[pb.KeepAliveResponse | bytes]:
         """Takes every beat of every message as a Heartbeat; answers each message with the
         nodes whose answer changed since this stream last gave it, so that a steady stream
         costs one small read and one empty reply per message, whatever its nodes."""
@@ -293,7 +294,8 @@ class RendezvousService:
                     told[key] = info
                     answers.append(pb.KeepAliveAnswer(run_id=beat.run_id, node_id=beat.node_id,
                                                       info=_heartbeat_reply(info)))
-            yield pb.KeepAliveResponse(answers=answers)
+            # The steady state, nothing to tell: an empty message, serialized as nothing.
+            yield pb.KeepAliveResponse(answers=answers) if answers else b""
 
     async def Watch(self, request: pb.WatchRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
