@@ -49,10 +49,14 @@ from harness import Orchestrator, cpu_seconds, exit_on_sigterm, percentile, stat
 from tensorflow_elastic.rendezvous.settings import HEARTBEAT_INTERVAL_S, RunSettings
 
 RUN_ID = "bench"
+# Watch streams the client processes open per second together, as processes that start at
+# different moments open theirs: thousands of new streams at once make gRPC cancel some of them
+# (at main too). Beats start within one interval.
+WATCHES_OPENED_PER_S = 500
 
 
 async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int) -> None:
+                    liveness: str, per_stream: int, processes: int) -> None:
     """One client process: its nodes, driven by commands from the parent over ``conn``.
 
     ``liveness`` "unary": each node sends a Heartbeat call per interval; "stream": nodes beat
@@ -167,8 +171,9 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 beat_errors.append(f"{e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
 
-    async def watch(node_id: int) -> None:
+    async def watch(node_id: int, k: int, count: int) -> None:
         # Like Client.watch: a broken stream is opened again (it restarts with the current state).
+        await asyncio.sleep(k * processes / WATCHES_OPENED_PER_S)
         while True:
             try:
                 async for update in stub.Watch(pb.WatchRequest(run_id=RUN_ID, node_id=node_id)):
@@ -181,8 +186,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 await asyncio.sleep(0.05)
 
     def start(new_ids: list[int]) -> None:
-        for node_id in new_ids:
-            tasks[node_id] = [loop.create_task(watch(node_id))]
+        for k, node_id in enumerate(new_ids):
+            tasks[node_id] = [loop.create_task(watch(node_id, k, len(new_ids)))]
         if liveness == "unary":
             for k, node_id in enumerate(new_ids):
                 tasks[node_id].append(loop.create_task(unary(node_id, k, len(new_ids))))
@@ -206,6 +211,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 timeout=30) for node_id in victims))
 
     start(ids)
+    await asyncio.sleep(max(interval, len(ids) * processes / WATCHES_OPENED_PER_S))
     conn.send("running")
     cpu_at = time.process_time()
     next_index = nodes + indices[0]  # newcomers' indices: this process's, past every node's
@@ -253,8 +259,9 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
 
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int) -> None:
-    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, liveness, per_stream))
+                    liveness: str, per_stream: int, processes: int) -> None:
+    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, liveness, per_stream,
+                          processes))
 
 
 def _start_orchestrator(args: argparse.Namespace, *flags: str) -> Orchestrator:
@@ -372,7 +379,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
             indices = list(range(p, args.nodes, processes))
             worker = ctx.Process(target=_client_process, args=(
                 child, endpoint, indices, args.nodes, args.heartbeat_interval, args.liveness,
-                args.nodes_per_stream), daemon=True)
+                args.nodes_per_stream, processes), daemon=True)
             worker.start()
             conns.append(parent)
             workers.append(worker)

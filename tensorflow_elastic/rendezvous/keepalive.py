@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
 import threading
 import time
 from typing import Callable, Hashable, Iterator
@@ -31,6 +32,9 @@ from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Phase
 
 logger = logging.getLogger(__name__)
 
+# The longest pause before a stream that keeps failing is opened again: well within the
+# heartbeat timeout, so a node is heard again soon after its orchestrator is back.
+REOPEN_MAX_S = 0.5
 # Beats that failed with these are simply sent again at the next interval.
 TRANSIENT = (*rpc.UNREACHABLE_OR_SHED, grpc.StatusCode.DEADLINE_EXCEEDED)
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -94,6 +98,7 @@ class KeepAliveStream:
     # ------------------------------------------------------------------ internals
 
     def _loop(self) -> None:
+        backoff = rpc.FIRST_BACKOFF_S
         while True:
             with self._lock:
                 if not self._beats:
@@ -116,7 +121,10 @@ class KeepAliveStream:
                 self._failed(e)
             finally:
                 stream.end()
-            self._wake.wait(rpc.FIRST_BACKOFF_S)
+            # Opened again soon, at a random moment: the processes whose streams broke together
+            # (an orchestrator restart) must not all come back in one burst.
+            backoff = rpc.FIRST_BACKOFF_S if stream.replied else min(2 * backoff, REOPEN_MAX_S)
+            self._wake.wait(random.uniform(0.0, backoff))
             self._wake.clear()
         self._on_idle(self)
 
@@ -180,6 +188,7 @@ class _Exchange:
         self._lock = threading.Lock()
         self._ended = threading.Event()
         self._last_reply = time.monotonic()
+        self._replied = False
         # The open stream (with cancel()), once its first reply came.
         self.call: object | None = None
         # Set when replies stopped coming and the stream was cancelled for it.
@@ -209,7 +218,13 @@ class _Exchange:
             stream._wake.wait(stream._interval)
             stream._wake.clear()
 
+    @property
+    def replied(self) -> bool:
+        """Whether the orchestrator answered on this opening of the stream."""
+        return self._replied
+
     def answered(self, response: pb.KeepAliveResponse) -> None:
+        self._replied = True
         with self._lock:
             self._last_reply = time.monotonic()
             sent = self._sent.pop(0) if self._sent else []
