@@ -76,10 +76,14 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     async def command():
         return await loop.run_in_executor(None, conn.recv)
 
-    channel = grpc.aio.insecure_channel(endpoint, options=[
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    channel = grpc.aio.insecure_channel(endpoint, options=options)
     stub = pb_grpc.RendezvousStub(channel)
     await channel.channel_ready()
+    # Beats on a connection of their own, as Client's KeepAlive stream: memberships sent to
+    # thousands of watches must not hold them up in one connection's flow control.
+    beat_channel = grpc.aio.insecure_channel(endpoint, options=options)
+    beat_stub = pb_grpc.RendezvousStub(beat_channel)
 
     async def join(i: int):
         """A new node; retried with its nonce while the orchestrator sheds it, as Client does."""
@@ -144,7 +148,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         """One KeepAlive stream beating for ``group`` (like a launcher's agent)."""
         await asyncio.sleep(interval * k / count)
         while True:
-            call = stub.KeepAlive()
+            call = beat_stub.KeepAlive()
             next_at = loop.time()
             try:
                 while True:
@@ -256,6 +260,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         for task in node_tasks:
             task.cancel()
     await channel.close()
+    await beat_channel.close()
 
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
