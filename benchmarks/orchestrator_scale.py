@@ -56,8 +56,11 @@ WATCHES_OPENED_PER_S = 500
 
 
 async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int, processes: int) -> None:
+                    liveness: str, per_stream: int, watches: str, processes: int) -> None:
     """One client process: its nodes, driven by commands from the parent over ``conn``.
+
+    ``watches`` "node": every node holds a Watch stream (as elastic workers do); "launcher":
+    only the first node of each stream does (a launcher's view; its agent reports deaths).
 
     ``liveness`` "unary": each node sends a Heartbeat call per interval; "stream": nodes beat
     on KeepAlive streams, ``per_stream`` nodes per stream (more than one: the workers of a
@@ -118,7 +121,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     generation = {"now": 1}
     watch_errors: list[str] = []
     beat_errors: list[str] = []
-    tasks: dict[int, list[asyncio.Task]] = {}
+    watch_tasks: dict[int, asyncio.Task] = {}
+    beat_tasks: dict[int, asyncio.Task] = {}
 
     def note_reply(node_id: int, info) -> None:
         if info.generation > 1 and not killed:
@@ -183,39 +187,41 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 async for update in stub.Watch(pb.WatchRequest(run_id=RUN_ID, node_id=node_id)):
                     if update.membership.generation > generation["now"]:
                         seen[node_id] = update.reason
-                        if len(seen) >= len(ids) - len(killed):
+                        if len(seen) >= len(watch_tasks.keys() - killed):
                             all_seen.set()
             except grpc.aio.AioRpcError as e:
                 watch_errors.append(f"{e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
 
     def start(new_ids: list[int]) -> None:
-        for k, node_id in enumerate(new_ids):
-            tasks[node_id] = [loop.create_task(watch(node_id, k, len(new_ids)))]
-        if liveness == "unary":
-            for k, node_id in enumerate(new_ids):
-                tasks[node_id].append(loop.create_task(unary(node_id, k, len(new_ids))))
-        else:
-            groups = [new_ids[g:g + per_stream] for g in range(0, len(new_ids), per_stream)]
-            for k, group in enumerate(groups):
-                task = loop.create_task(stream(group, k, len(groups)))
-                for node_id in group:
-                    tasks[node_id].append(task)
+        groups = ([new_ids[g:g + per_stream] for g in range(0, len(new_ids), per_stream)]
+                  if liveness == "stream" else [[node_id] for node_id in new_ids])
+        watching = [node_id for group in groups
+                    for node_id in (group[:1] if watches == "launcher" else group)]
+        for k, node_id in enumerate(watching):
+            watch_tasks[node_id] = loop.create_task(watch(node_id, k, len(watching)))
+        for k, group in enumerate(groups):
+            beat = stream(group, k, len(groups)) if liveness == "stream" else unary(
+                group[0], k, len(groups))
+            task = loop.create_task(beat)
+            for node_id in group:
+                beat_tasks[node_id] = task
 
     async def kill(victims: list[int]) -> None:
         """Dead from here on: no more beats, the stream gone; a launcher reports it at once."""
         killed.update(victims)
         for node_id in victims:
-            tasks[node_id][0].cancel()  # its watch; a shared beat stream leaves it out
+            if node_id in watch_tasks:
+                watch_tasks[node_id].cancel()
             if liveness == "unary":
-                tasks[node_id][1].cancel()
+                beat_tasks[node_id].cancel()  # a shared beat stream leaves it out
         if liveness == "stream" and per_stream > 1:
             await asyncio.gather(*(stub.ReportFailure(pb.ReportFailureRequest(
                 run_id=RUN_ID, node_id=node_id, peers=[node_id], reason="exited with -9"),
                 timeout=30) for node_id in victims))
 
     start(ids)
-    await asyncio.sleep(max(interval, len(ids) * processes / WATCHES_OPENED_PER_S))
+    await asyncio.sleep(max(interval, len(watch_tasks) * processes / WATCHES_OPENED_PER_S))
     conn.send("running")
     cpu_at = time.process_time()
     next_index = nodes + indices[0]  # newcomers' indices: this process's, past every node's
@@ -235,7 +241,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 await asyncio.wait_for(all_seen.wait(), 120)
                 conn.send((sorted(set(seen.values())), watch_errors))
             except asyncio.TimeoutError:
-                conn.send(f"{len(seen)} of {len(ids) - len(killed)} nodes saw it")
+                conn.send(f"{len(seen)} of {len(watch_tasks.keys() - killed)} watches saw it")
         elif isinstance(cmd, tuple) and cmd[0] == "replace":
             # Newcomers join (they wait), then as many members die: the re-form admits them.
             _, count, stride = cmd
@@ -256,17 +262,16 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             cpu_at = time.process_time()
         elif cmd == "exit":
             break
-    for node_tasks in tasks.values():
-        for task in node_tasks:
-            task.cancel()
+    for task in [*watch_tasks.values(), *beat_tasks.values()]:
+        task.cancel()
     await channel.close()
     await beat_channel.close()
 
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int, processes: int) -> None:
+                    liveness: str, per_stream: int, watches: str, processes: int) -> None:
     asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, liveness, per_stream,
-                          processes))
+                          watches, processes))
 
 
 def _start_orchestrator(args: argparse.Namespace, *flags: str) -> Orchestrator:
@@ -308,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="--liveness stream: nodes beating on one stream; above 1 they are "
                              "the workers of one launcher, which reports a worker's death at "
                              "once (default: %(default)s)")
+    parser.add_argument("--watches", choices=("node", "launcher"), default="node",
+                        help="node: every node holds a Watch stream, as elastic workers do; "
+                             "launcher: only one node per --nodes_per_stream group does (the "
+                             "member map of every change goes to 1/N as many streams) "
+                             "(default: %(default)s)")
     parser.add_argument("--soak_minutes", type=int, default=0,
                         help="after the measurement, replace --replace_percent of the nodes "
                              "every minute for this long; report false removals and the "
@@ -384,7 +394,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
             indices = list(range(p, args.nodes, processes))
             worker = ctx.Process(target=_client_process, args=(
                 child, endpoint, indices, args.nodes, args.heartbeat_interval, args.liveness,
-                args.nodes_per_stream, processes), daemon=True)
+                args.nodes_per_stream, args.watches, processes), daemon=True)
             worker.start()
             conns.append(parent)
             workers.append(worker)
@@ -441,6 +451,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
                 w.kill()
     result = {"nodes": args.nodes, "liveness": args.liveness,
               "nodes_per_stream": args.nodes_per_stream if args.liveness == "stream" else None,
+              "watches": args.watches,
               "processes": processes, "rendezvous_s": round(rendezvous_s, 4),
               "join_retries": join_retries,
               "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
