@@ -85,7 +85,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     await channel.channel_ready()
     # Beats on a connection of their own, as Client's KeepAlive stream: memberships sent to
     # thousands of watches must not hold them up in one connection's flow control.
-    beat_channel = grpc.aio.insecure_channel(endpoint, options=options)
+    beat_channel = grpc.aio.insecure_channel(
+        endpoint, options=[*options, ("grpc.use_local_subchannel_pool", 1)])
     beat_stub = pb_grpc.RendezvousStub(beat_channel)
 
     async def join(i: int):
