@@ -197,6 +197,9 @@ class _Exchange:
     def requests(self) -> Iterator[pb.KeepAliveRequest]:
         """The messages of one attempt to open the stream: one at once, then every interval."""
         stream = self._stream
+        with self._lock:  # an attempt retried after a failure starts with a clean slate
+            self._sent.clear()
+            self._last_reply = time.monotonic()
         while not self._ended.is_set():
             beats = stream._current()
             if not beats:
