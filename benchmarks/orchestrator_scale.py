@@ -37,56 +37,100 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import random
 import sys
 import tempfile
 import time
 
-from harness import Orchestrator, cpu_seconds, exit_on_sigterm, percentile
+from typing import Callable
+
+from harness import Orchestrator, cpu_seconds, exit_on_sigterm, percentile, status_mb
 
 from tensorflow_elastic.rendezvous.settings import HEARTBEAT_INTERVAL_S, RunSettings
 
 RUN_ID = "bench"
+# Watch streams the client processes open per second together, as processes that start at
+# different moments open theirs: thousands of new streams at once make gRPC cancel some of them
+# (at main too). Beats start within one interval.
+WATCHES_OPENED_PER_S = 500
 
 
-async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float) -> None:
-    """One client process: its nodes, driven by commands from the parent over ``conn``."""
+async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
+                    liveness: str, per_stream: int, watches: str, processes: int) -> None:
+    """One client process: its nodes, driven by commands from the parent over ``conn``.
+
+    ``watches`` "node": every node holds a Watch stream (as elastic workers do); "launcher":
+    only the first node of each stream does (a launcher's view; its agent reports deaths).
+
+    ``liveness`` "unary": each node sends a Heartbeat call per interval; "stream": nodes beat
+    on KeepAlive streams, ``per_stream`` nodes per stream (more than one: the workers of a
+    launcher, whose agent reports a worker's death at once).
+    """
     import grpc
 
     from tensorflow_elastic.proto import rendezvous_pb2 as pb
     from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+    from tensorflow_elastic.rpc import UNREACHABLE_OR_SHED
 
+    shed = UNREACHABLE_OR_SHED
+    transient = (*shed, grpc.StatusCode.DEADLINE_EXCEEDED)
     loop = asyncio.get_running_loop()
 
     async def command():
         return await loop.run_in_executor(None, conn.recv)
 
-    channel = grpc.aio.insecure_channel(endpoint, options=[
-        ("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    channel = grpc.aio.insecure_channel(endpoint, options=options)
     stub = pb_grpc.RendezvousStub(channel)
     await channel.channel_ready()
-    assert await command() == "join"
+    # Beats on a connection of their own, as Client's KeepAlive stream: memberships sent to
+    # thousands of watches must not hold them up in one connection's flow control.
+    beat_channel = grpc.aio.insecure_channel(
+        endpoint, options=[*options, ("grpc.use_local_subchannel_pool", 1)])
+    beat_stub = pb_grpc.RendezvousStub(beat_channel)
 
     async def join(i: int):
+        """A new node; retried with its nonce while the orchestrator sheds it, as Client does."""
         sent = time.time()
-        r = await stub.Join(pb.JoinRequest(
-            run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
-            min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}", timeout_s=600),
-            timeout=610)
-        return r.node_id, r.membership.generation, sent, time.time()
+        while True:
+            try:
+                r = await stub.Join(pb.JoinRequest(
+                    run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
+                    min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}",
+                    timeout_s=600), timeout=610)
+                return r.node_id, sent, time.time()
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in shed:
+                    raise
+                join_retries.append(e.code().name)
+                await asyncio.sleep(random.uniform(0.0, 0.5))
 
+    join_retries: list[str] = []
+    assert await command() == "join"
     joined = await asyncio.gather(*(join(i) for i in indices))
     ids = [j[0] for j in joined]
-    conn.send([(sent, released) for _, _, sent, released in joined])
+    conn.send([(sent, released) for _, sent, released in joined])
 
     measuring = {"on": False}
     early = {"reform": False}
     latencies: list[float] = []
     killed: set[int] = set()
+    replaced: set[int] = set()  # killed on purpose in the soak: their removal is expected
+    refused: dict[int, str] = {}  # node -> why the orchestrator refused its beats
     seen: dict[int, str] = {}
     all_seen = asyncio.Event()
+    generation = {"now": 1}
+    watch_errors: list[str] = []
+    beat_errors: list[str] = []
+    watch_tasks: dict[int, asyncio.Task] = {}
+    beat_tasks: dict[int, asyncio.Task] = {}
 
-    async def heartbeat(k: int, node_id: int) -> None:
-        await asyncio.sleep(interval * k / len(ids))
+    def note_reply(node_id: int, info) -> None:
+        if info.generation > 1 and not killed:
+            early["reform"] = True
+
+    async def unary(node_id: int, k: int, count: int) -> None:
+        await asyncio.sleep(interval * k / count)
         next_at = loop.time()
         while node_id not in killed:
             t0 = time.perf_counter()
@@ -94,67 +138,149 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 reply = await stub.Heartbeat(pb.HeartbeatRequest(
                     run_id=RUN_ID, node_id=node_id, generation=1), timeout=30)
             except grpc.aio.AioRpcError as e:  # like Client: sent again at the next interval
-                heartbeat_errors.append(f"{e.code().name}: {e.debug_error_string()}")
+                if e.code() not in transient:
+                    refused[node_id] = e.details()
+                    return
+                beat_errors.append(f"{e.code().name}: {e.details()}")
             else:
-                if reply.generation > 1 and not killed:
-                    early["reform"] = True
+                note_reply(node_id, reply)
                 if measuring["on"]:
                     latencies.append((time.perf_counter() - t0) * 1000)
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
-    async def watch(node_id: int) -> None:
+    async def stream(group: list[int], k: int, count: int) -> None:
+        """One KeepAlive stream beating for ``group`` (like a launcher's agent)."""
+        await asyncio.sleep(interval * k / count)
+        while True:
+            call = beat_stub.KeepAlive()
+            next_at = loop.time()
+            try:
+                while True:
+                    beats = [pb.HeartbeatRequest(run_id=RUN_ID, node_id=n, generation=1)
+                             for n in group if n not in killed and n not in refused]
+                    if not beats:
+                        await call.done_writing()
+                        return
+                    t0 = time.perf_counter()
+                    await call.write(pb.KeepAliveRequest(beats=beats))
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        break
+                    for answer in response.answers:
+                        if answer.HasField("info"):
+                            note_reply(answer.node_id, answer.info)
+                        else:
+                            refused[answer.node_id] = answer.message
+                    if measuring["on"]:
+                        latencies.append((time.perf_counter() - t0) * 1000)
+                    next_at += interval
+                    await asyncio.sleep(max(0.0, next_at - loop.time()))
+            except grpc.aio.AioRpcError as e:
+                beat_errors.append(f"{e.code().name}: {e.details()}")
+                await asyncio.sleep(0.05)
+
+    async def watch(node_id: int, k: int, count: int) -> None:
         # Like Client.watch: a broken stream is opened again (it restarts with the current state).
+        await asyncio.sleep(k * processes / WATCHES_OPENED_PER_S)
         while True:
             try:
                 async for update in stub.Watch(pb.WatchRequest(run_id=RUN_ID, node_id=node_id)):
-                    if update.membership.generation >= 2:
+                    if update.membership.generation > generation["now"]:
                         seen[node_id] = update.reason
-                        if len(seen) == len(ids) - len(killed):
+                        if len(seen) >= len(watch_tasks.keys() - killed):
                             all_seen.set()
-                        return
             except grpc.aio.AioRpcError as e:
-                watch_errors.append(f"{e.code().name}: {e.debug_error_string()}")
+                watch_errors.append(f"{e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
 
-    watch_errors: list[str] = []
-    heartbeat_errors: list[str] = []
-    watches = {node_id: loop.create_task(watch(node_id)) for node_id in ids}
-    beats = [loop.create_task(heartbeat(k, node_id)) for k, node_id in enumerate(ids)]
+    def start(new_ids: list[int]) -> None:
+        groups = ([new_ids[g:g + per_stream] for g in range(0, len(new_ids), per_stream)]
+                  if liveness == "stream" else [[node_id] for node_id in new_ids])
+        watching = [node_id for group in groups
+                    for node_id in (group[:1] if watches == "launcher" else group)]
+        for k, node_id in enumerate(watching):
+            watch_tasks[node_id] = loop.create_task(watch(node_id, k, len(watching)))
+        for k, group in enumerate(groups):
+            beat = stream(group, k, len(groups)) if liveness == "stream" else unary(
+                group[0], k, len(groups))
+            task = loop.create_task(beat)
+            for node_id in group:
+                beat_tasks[node_id] = task
+
+    async def kill(victims: list[int]) -> None:
+        """Dead from here on: no more beats, the stream gone; a launcher reports it at once."""
+        killed.update(victims)
+        for node_id in victims:
+            if node_id in watch_tasks:
+                watch_tasks[node_id].cancel()
+            if liveness == "unary":
+                beat_tasks[node_id].cancel()  # a shared beat stream leaves it out
+        if liveness == "stream" and per_stream > 1:
+            await asyncio.gather(*(stub.ReportFailure(pb.ReportFailureRequest(
+                run_id=RUN_ID, node_id=node_id, peers=[node_id], reason="exited with -9"),
+                timeout=30) for node_id in victims))
+
+    start(ids)
+    await asyncio.sleep(max(interval, len(watch_tasks) * processes / WATCHES_OPENED_PER_S))
     conn.send("running")
+    cpu_at = time.process_time()
+    next_index = nodes + indices[0]  # newcomers' indices: this process's, past every node's
     while True:
         cmd = await command()
         if cmd == "measure":
             measuring["on"] = True
+            cpu_at = time.process_time()
         elif cmd == "stop_measure":
             measuring["on"] = False
-            conn.send((latencies, early["reform"], list(watch_errors) + heartbeat_errors))
+            conn.send((latencies, early["reform"], list(watch_errors) + beat_errors,
+                       time.process_time() - cpu_at, len(join_retries)))
         elif cmd == "kill":
-            # Dead from here on: its heartbeat loop sends no more, its stream is gone.
-            victim = ids[0]
-            killed.add(victim)
-            watches[victim].cancel()
-            beats[0].cancel()
+            await kill(ids[:1])
         elif cmd == "wait_reform":
             try:
                 await asyncio.wait_for(all_seen.wait(), 120)
                 conn.send((sorted(set(seen.values())), watch_errors))
             except asyncio.TimeoutError:
-                conn.send(f"{len(seen)} of {len(ids) - len(killed)} nodes saw it")
+                conn.send(f"{len(seen)} of {len(watch_tasks.keys() - killed)} watches saw it")
+        elif isinstance(cmd, tuple) and cmd[0] == "replace":
+            # Newcomers join (they wait), then as many members die: the re-form admits them.
+            _, count, stride = cmd
+            alive = [n for n in ids if n not in killed]
+            victims = alive[:count]
+            fresh = list(range(next_index, next_index + count * stride, stride))
+            next_index += count * stride
+            joining = [loop.create_task(join(i)) for i in fresh]
+            await asyncio.sleep(1.0)
+            replaced.update(victims)
+            await kill(victims)
+            new_ids = [node_id for node_id, _, _ in await asyncio.gather(*joining)]
+            ids.extend(new_ids)
+            start(new_ids)
+            false = sorted(n for n in refused if n not in replaced)
+            conn.send((len(new_ids), false, [refused[n] for n in false[:3]],
+                       time.process_time() - cpu_at))
+            cpu_at = time.process_time()
         elif cmd == "exit":
             break
-    for task in beats + list(watches.values()):
+    for task in [*watch_tasks.values(), *beat_tasks.values()]:
         task.cancel()
     await channel.close()
+    await beat_channel.close()
 
 
-def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float) -> None:
-    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval))
+def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
+                    liveness: str, per_stream: int, watches: str, processes: int) -> None:
+    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, liveness, per_stream,
+                          watches, processes))
 
 
-def _start_orchestrator(heartbeat_timeout: float, *flags: str) -> Orchestrator:
-    """An orchestrator that never ends a rendezvous early (a long last call)."""
-    return Orchestrator("--heartbeat_timeout", str(heartbeat_timeout), "--last_call", "600",
+def _start_orchestrator(args: argparse.Namespace, *flags: str) -> Orchestrator:
+    """An orchestrator that never ends a rendezvous early (a long last call) and lets this one
+    host hold every simulated node's watch stream."""
+    watches = str(2 * args.nodes + 1000)
+    return Orchestrator("--heartbeat_timeout", str(args.heartbeat_timeout), "--last_call", "600",
+                        "--max_watches_per_peer", watches, "--max_watches", watches,
                         *flags, quiet=False)
 
 
@@ -179,6 +305,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="etcd: also measure two replicas on a local etcd (the `etcd` "
                              "command), next to one orchestrator with --state_dir, and the "
                              "failover after the leader's kill -9 (default: memory only)")
+    parser.add_argument("--liveness", choices=("stream", "unary"), default="stream",
+                        help="how nodes heartbeat: stream (KeepAlive streams, as Client does) "
+                             "or unary (a Heartbeat call per node and interval, as before; the "
+                             "only way to an orchestrator without KeepAlive) "
+                             "(default: %(default)s)")
+    parser.add_argument("--nodes_per_stream", type=int, default=1,
+                        help="--liveness stream: nodes beating on one stream; above 1 they are "
+                             "the workers of one launcher, which reports a worker's death at "
+                             "once (default: %(default)s)")
+    parser.add_argument("--watches", choices=("node", "launcher"), default="node",
+                        help="node: every node holds a Watch stream, as elastic workers do; "
+                             "launcher: only one node per --nodes_per_stream group does (the "
+                             "member map of every change goes to 1/N as many streams) "
+                             "(default: %(default)s)")
+    parser.add_argument("--soak_minutes", type=int, default=0,
+                        help="after the measurement, replace --replace_percent of the nodes "
+                             "every minute for this long; report false removals and the "
+                             "orchestrator's memory (default: no soak)")
+    parser.add_argument("--replace_percent", type=float, default=1.0,
+                        help="--soak_minutes: nodes replaced every minute, in percent "
+                             "(default: %(default)s)")
     parser.add_argument("--leader_ttl", type=int, default=1,
                         help="--store etcd: the replicas' --leader_ttl (default: %(default)s)")
     args = parser.parse_args(argv)
@@ -188,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.store == "etcd":
         result = _compare_stores(args)
     else:
-        server = _start_orchestrator(args.heartbeat_timeout)
+        server = _start_orchestrator(args)
         try:
             result = _scale(args, server.endpoint, server)
         finally:
@@ -205,8 +352,7 @@ def _compare_stores(args: argparse.Namespace) -> dict:
     from tools.etcd_server import EtcdServer
 
     with tempfile.TemporaryDirectory() as tmp:
-        server = _start_orchestrator(args.heartbeat_timeout, "--state_dir",
-                                     os.path.join(tmp, "state"))
+        server = _start_orchestrator(args, "--state_dir", os.path.join(tmp, "state"))
         try:
             file_result = _scale(args, server.endpoint, server)
         finally:
@@ -215,9 +361,9 @@ def _compare_stores(args: argparse.Namespace) -> dict:
         replicas = []
         try:
             flags = ("--store", etcd.url, "--leader_ttl", str(args.leader_ttl))
-            replicas.append(_start_orchestrator(args.heartbeat_timeout, *flags))
+            replicas.append(_start_orchestrator(args, *flags))
             time.sleep(1.0)  # the first one takes the lead
-            replicas.append(_start_orchestrator(args.heartbeat_timeout, *flags))
+            replicas.append(_start_orchestrator(args, *flags))
             etcd_result = _scale(args, replicas[0].endpoint, replicas[0])
             endpoints = ",".join(r.endpoint for r in replicas)
             with Client(endpoints, RUN_ID, retry_timeout=60) as client:
@@ -240,7 +386,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
            server: Orchestrator | None = None) -> dict:
     """Joins, steady heartbeats and a re-form after one node's death, against ``endpoint``
     (``server``: its process, whose CPU use is measured)."""
-    processes = args.processes or min(4, max(1, args.nodes // 250))
+    processes = args.processes or min(8, max(1, args.nodes // 250))
     ctx = mp.get_context("spawn")
     conns, workers = [], []
     try:
@@ -248,12 +394,13 @@ def _scale(args: argparse.Namespace, endpoint: str,
             parent, child = ctx.Pipe()
             indices = list(range(p, args.nodes, processes))
             worker = ctx.Process(target=_client_process, args=(
-                child, endpoint, indices, args.nodes, args.heartbeat_interval), daemon=True)
+                child, endpoint, indices, args.nodes, args.heartbeat_interval, args.liveness,
+                args.nodes_per_stream, args.watches, processes), daemon=True)
             worker.start()
             conns.append(parent)
             workers.append(worker)
 
-        def broadcast(cmd: str) -> list:
+        def broadcast(cmd: object) -> list:
             for c in conns:
                 c.send(cmd)
             return [c.recv() for c in conns]
@@ -267,17 +414,21 @@ def _scale(args: argparse.Namespace, endpoint: str,
         cpu_before = None if server is None else (cpu_seconds(server.proc.pid), time.monotonic())
         for c in conns:
             c.send("measure")
+        started = time.monotonic()
         time.sleep(args.measure_s)
         replies = broadcast("stop_measure")
+        window = time.monotonic() - started
         cpu = None if cpu_before is None else round(
             (cpu_seconds(server.proc.pid) - cpu_before[0]) / (time.monotonic() - cpu_before[1]), 3)
-        if any(early for _, early, _ in replies):
-            failed = [e for _, _, errors in replies for e in errors]
+        clients_cpu = round(sum(r[3] for r in replies) / window, 3)
+        join_retries = sum(r[4] for r in replies)
+        if any(r[1] for r in replies):
+            failed = [e for r in replies for e in r[2]]
             raise RuntimeError(f"a node was declared dead before the kill: heartbeats were "
                                f"delayed beyond --heartbeat_timeout; the machine is overloaded "
                                f"({len(failed)} calls failed: {failed[:3]})")
-        latencies = [x for lat, _, _ in replies for x in lat]
-        print(f"{len(latencies)} heartbeats measured", flush=True)
+        latencies = [x for r in replies for x in r[0]]
+        print(f"{len(latencies)} heartbeats measured; clients' CPU {clients_cpu}", flush=True)
         killed_at = time.monotonic()
         conns[0].send("kill")
         reformed = broadcast("wait_reform")
@@ -290,6 +441,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
         if errors:
             print(f"{len(errors)} watch streams broke and were opened again: "
                   f"{sorted(set(errors))[:3]}", flush=True)
+        soak = _soak(args, broadcast, processes, server) if args.soak_minutes else None
         for c in conns:
             c.send("exit")
         for w in workers:
@@ -298,11 +450,52 @@ def _scale(args: argparse.Namespace, endpoint: str,
         for w in workers:
             if w.is_alive():
                 w.kill()
-    return {"nodes": args.nodes, "rendezvous_s": round(rendezvous_s, 4),
-            "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
-            "heartbeat_p99_ms": round(percentile(latencies, 99), 3),
-            "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
-            "reform_after_kill_s": round(reform_s, 4), "detected_by": detected_by}
+    result = {"nodes": args.nodes, "liveness": args.liveness,
+              "nodes_per_stream": args.nodes_per_stream if args.liveness == "stream" else None,
+              "watches": args.watches,
+              "processes": processes, "rendezvous_s": round(rendezvous_s, 4),
+              "join_retries": join_retries,
+              "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
+              "heartbeat_p99_ms": round(percentile(latencies, 99), 3),
+              "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
+              "clients_cpu": clients_cpu, "reform_after_kill_s": round(reform_s, 4),
+              "detected_by": detected_by}
+    if soak is not None:
+        result["soak"] = soak
+    return result
+
+
+def _soak(args: argparse.Namespace, broadcast: Callable[[object], list], processes: int,
+          server: Orchestrator | None) -> dict:
+    """Every minute --replace_percent of the nodes are replaced (newcomers join, as many members
+    die); counts the live nodes the orchestrator removed and samples its memory."""
+    minutes = []
+    false_removals: list[int] = []
+    for minute in range(args.soak_minutes):
+        started = time.monotonic()
+        count = max(1, round(args.nodes * args.replace_percent / 100 / processes))
+        replies = broadcast(("replace", count, processes))
+        took = time.monotonic() - started
+        false_removals = sorted({n for r in replies for n in r[1]})
+        rss = None if server is None else status_mb(server.proc.pid, "VmRSS")
+        cpu = None if server is None else cpu_seconds(server.proc.pid)
+        time.sleep(max(0.0, 60.0 - (time.monotonic() - started)))
+        minute_s = time.monotonic() - started
+        sample = {"minute": minute + 1, "replaced": sum(r[0] for r in replies),
+                  "replace_s": round(took, 3), "false_removals": len(false_removals),
+                  "orchestrator_rss_mb": None if rss is None else round(rss, 1),
+                  "clients_cpu": round(sum(r[3] for r in replies) / minute_s, 3)}
+        if server is not None:
+            sample["orchestrator_cpu"] = round((cpu_seconds(server.proc.pid) - cpu) / (
+                minute_s - took), 3)
+        minutes.append(sample)
+        print(f"soak: {json.dumps(sample)}", flush=True)
+        if false_removals:
+            print(f"soak: live nodes removed: {false_removals[:10]}: "
+                  f"{[m for r in replies for m in r[2]][:3]}", flush=True)
+    return {"minutes": args.soak_minutes, "replace_percent": args.replace_percent,
+            "false_removals": len(false_removals),
+            "rss_mb": [m["orchestrator_rss_mb"] for m in minutes], "per_minute": minutes}
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ Errors come back as the :mod:`~tensorflow_elastic.rendezvous.errors` classes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -29,9 +30,12 @@ import grpc
 from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
-from tensorflow_elastic.rendezvous import auth
+from tensorflow_elastic.rendezvous import auth, keepalive
 from tensorflow_elastic.rendezvous.errors import (
     LEADER_METADATA_KEY, NOT_LEADER, OrchestratorUnreachableError, RendezvousError)
+from tensorflow_elastic.rendezvous.keepalive import KeepAliveStream
+from tensorflow_elastic.rendezvous.settings import (
+    CLIENT_RECONNECT_BACKOFF_MAX_S, CLIENT_RETRY_BACKOFF_MAX_S)
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
 
@@ -40,20 +44,21 @@ logger = logging.getLogger(__name__)
 # Extra time the transport deadline gets over a server-side wait, so the
 # server's explanation (who is missing) arrives before the transport gives up.
 _DEADLINE_MARGIN_S = 5.0
-_BACKOFF_MAX_S = 2.0
 # With replicas, a call that finds none leading is most likely in a failover: try sooner.
 _FAILOVER_BACKOFF_MAX_S = 0.5
 
 # Watch streams end with these when the orchestrator restarts or sheds streams.
 _RESUBSCRIBE = rpc.UNREACHABLE_OR_SHED
-# A heartbeat that failed with these is simply sent again at the next interval.
-_TRANSIENT = (*_RESUBSCRIBE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    # gRPC's default reconnect backoff grows to minutes: a client would find an orchestrator
+    # that restarted after a 10 s outage only seconds later, after its run gave up on it.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", int(CLIENT_RECONNECT_BACKOFF_MAX_S * 1000)),
 ]
 
 
@@ -79,6 +84,9 @@ class Client:
         self.retry_timeout = retry_timeout
         self._metadata = auth.metadata(token)
         self._credentials = auth.channel_credentials(tls_ca) if tls or tls_ca else None
+        # What a client with the same channel needs: its heartbeat stream may be shared.
+        self._channel_args = dict(token=token, tls_ca=tls_ca, tls=tls, call_timeout=call_timeout,
+                                  retry_timeout=retry_timeout)
         self._replicas: list[_Replica] = []
         self._lock = threading.Lock()
         for address in split_endpoints(endpoint):
@@ -161,10 +169,9 @@ class Client:
 
     def heartbeat(self) -> HeartbeatInfo:
         """Renews liveness; says whether nodes wait to join or members were removed."""
-        r = self._call(lambda stub: stub.Heartbeat, lambda: pb.HeartbeatRequest(
-            run_id=self.run_id, node_id=self._id(), generation=self.generation))
-        return HeartbeatInfo(r.generation, Phase(pb.RunState.Name(r.state)), r.waiting, r.removed,
-                             r.member, r.queued)
+        return keepalive.info_from_proto(self._call(
+            lambda stub: stub.Heartbeat, lambda: pb.HeartbeatRequest(
+                run_id=self.run_id, node_id=self._id(), generation=self.generation)))
 
     def watch(self) -> Iterator[MembershipUpdate]:
         """Yields the membership now and after every change; subscribes again when the
@@ -240,7 +247,9 @@ class Client:
     def start_heartbeats(self, interval: float = 1.0,
                          on_reply: Callable[[HeartbeatInfo], None] | None = None,
                          on_stop: Callable[[Exception], None] | None = None) -> None:
-        """Heartbeats every ``interval`` seconds in a daemon thread until :meth:`stop_heartbeats`.
+        """Heartbeats every ``interval`` seconds until :meth:`stop_heartbeats`, on the heartbeat
+        stream this process keeps to the orchestrator (see keepalive.py), or with unary calls in
+        a daemon thread where the orchestrator has no such stream.
 
         ``on_reply`` sees every reply. :attr:`heartbeat_error` holds the error
         of the last heartbeat (None after a success); transient ones
@@ -257,6 +266,24 @@ class Client:
     @property
     def heartbeat_error(self) -> Exception | None:
         return None if self._heartbeats is None else self._heartbeats.error
+
+    def _keepalive_stream(self, interval: float, on_idle: Callable[[KeepAliveStream], None],
+                          first: keepalive.Beat) -> KeepAliveStream:
+        """A heartbeat stream of this process, on a channel of its own (it outlives clients)."""
+        owner = Client(self.endpoint, self.run_id, **self._channel_args)
+
+        def ended(stream: KeepAliveStream) -> None:
+            on_idle(stream)
+            owner.close()
+
+        return KeepAliveStream(
+            lambda requests: owner._call(
+                lambda stub: lambda req, **kw: _first(stub.KeepAlive(req, **kw)), requests,
+                timeout=None),
+            interval, self.call_timeout, ended, first)
+
+    def _stream_key(self, interval: float) -> tuple:
+        return (self.endpoint, interval, *sorted(self._channel_args.items()))
 
     # -------------------------------------------------------------- internals
 
@@ -296,7 +323,8 @@ class Client:
         try:
             return rpc.call_with_retry(
                 attempt, rpc.UNREACHABLE_OR_SHED, give_up,
-                _FAILOVER_BACKOFF_MAX_S if len(self._replicas) > 1 else _BACKOFF_MAX_S,
+                (_FAILOVER_BACKOFF_MAX_S if len(self._replicas) > 1
+                 else CLIENT_RETRY_BACKOFF_MAX_S),
                 patience=self.retry_timeout)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE and rpc.reason_of(e) in (None, NOT_LEADER):
@@ -349,6 +377,9 @@ def split_endpoints(endpoint: str) -> list[str]:
 
 
 class _Heartbeats:
+    """A node's heartbeats: a beat on the process's stream, or unary calls in a thread of their
+    own (a node without an id yet, an orchestrator without the stream)."""
+
     def __init__(self, client: Client, interval: float,
                  on_reply: Callable[[HeartbeatInfo], None] | None,
                  on_stop: Callable[[Exception], None] | None):
@@ -357,17 +388,41 @@ class _Heartbeats:
         self._on_reply = on_reply
         self._on_stop = on_stop
         self._stop = threading.Event()
-        self.error: Exception | None = None
+        self._error: Exception | None = None
+        self._thread: threading.Thread | None = None
+        self._beat: keepalive.Beat | None = None
+        self._stream: KeepAliveStream | None = None
+        if client.node_id is None:
+            self._start_unary()
+            return
+        self._beat = keepalive.Beat(client.run_id, client.node_id, lambda: client.generation,
+                                    on_reply, self._refused, self._start_unary)
+        self._stream = keepalive.STREAMS.add(
+            client._stream_key(interval), self._beat,
+            functools.partial(client._keepalive_stream, interval))
+
+    @property
+    def error(self) -> Exception | None:
+        """The error of the last heartbeat (None after a success)."""
+        if self._thread is None and self._beat is not None:
+            return self._beat.error
+        return self._error
+
+    def _refused(self, error: Exception) -> None:
+        if not self._stop.is_set() and self._on_stop is not None:
+            self._on_stop(error)
+
+    def _start_unary(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tfelastic-heartbeat", daemon=True)
         self._thread.start()
 
     def _loop(self) -> None:
         try:
-            self._beat()
+            self._beat_unary()
         except Exception as e:  # noqa: BLE001 - the owner must hear why its heartbeats ended
             if self._stop.is_set():
                 return  # stopped in the middle of a call: nobody waits for more
-            self.error = e
+            self._error = e
             if self._on_stop is not None and isinstance(e, RendezvousError):
                 self._on_stop(e)  # the orchestrator's answer (removed, run failed): its owner says why
                 return
@@ -375,16 +430,16 @@ class _Heartbeats:
             if self._on_stop is not None:
                 self._on_stop(e)
 
-    def _beat(self) -> None:
+    def _beat_unary(self) -> None:
         while not self._stop.wait(self._interval):
             try:
                 info = self._client.heartbeat()
             except RendezvousError as e:
-                self.error = e  # kept for the owner
-                if e.code in _TRANSIENT:
+                self._error = e  # kept for the owner
+                if e.code in keepalive.TRANSIENT:
                     continue
                 raise  # removed, run failed, ...: more heartbeats cannot help
-            self.error = None
+            self._error = None
             if self._on_reply is not None:
                 try:
                     self._on_reply(info)
@@ -393,8 +448,11 @@ class _Heartbeats:
 
     def stop(self, wait: bool = True) -> None:
         self._stop.set()
-        if wait and self._thread is not threading.current_thread():
-            self._thread.join()
+        if self._stream is not None and self._beat is not None:
+            self._stream.remove(self._beat)
+        thread = self._thread
+        if wait and thread is not None and thread is not threading.current_thread():
+            thread.join()
 
 
 def _first(stream: Any) -> Any:

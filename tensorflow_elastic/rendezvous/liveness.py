@@ -6,13 +6,62 @@ the failure detector sleeps exactly until then instead of scanning every node.
 A node blocked in a call that is held open (a join waiting for its generation)
 is alive by definition and leaves the order until the call ends.
 
-A broken watch stream is the quicker sign: see :class:`WatchLoss`.
+A broken watch stream is the quicker sign: see :class:`WatchLoss`. Silence is
+measured on a :class:`LoopClock`, which leaves out the time the serving loop
+itself stood still.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import time
 from typing import Callable, Container
+
+# How often the loop clock checks that the serving loop runs, and how late a check may be
+# before the delay counts as a stall (scheduling jitter under load is not one).
+LOOP_TICK_S = 0.1
+LOOP_STALL_TOLERANCE_S = 0.1
+
+
+class LoopClock:
+    """time.monotonic() minus the stalls of the event loop that serves the nodes.
+
+    While the loop stands still (a GC pause, a synchronous load, a frozen
+    process) no heartbeat can be read, however alive the nodes are: that time
+    is nobody's silence. :meth:`tick` runs on the loop every LOOP_TICK_S; any
+    reading that finds the last one far older than that counts the difference
+    as a stall, so the first code to run after a stall (a timer or a queued
+    heartbeat) already reads the corrected time.
+    """
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic):
+        self._monotonic = monotonic
+        self._last = monotonic()
+        self._stalled = 0.0
+
+    def now(self) -> float:
+        now = self._monotonic()
+        gap = now - self._last
+        if gap > LOOP_TICK_S + LOOP_STALL_TOLERANCE_S:
+            self._stalled += gap - LOOP_TICK_S
+        self._last = now
+        return now - self._stalled
+
+    @property
+    def stalled(self) -> float:
+        """Seconds the loop stood still in all, as far as measured."""
+        return self._stalled
+
+    def to_monotonic(self, t: float) -> float:
+        """A time of this clock on time.monotonic(), at the stalls measured so far."""
+        return t + self._stalled
+
+    async def tick(self) -> None:
+        """Reads the clock every LOOP_TICK_S until cancelled."""
+        while True:
+            await asyncio.sleep(LOOP_TICK_S)
+            self.now()
 
 
 class Liveness:

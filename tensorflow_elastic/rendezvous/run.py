@@ -36,7 +36,7 @@ from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import refusals
 from tensorflow_elastic.rendezvous.errors import RendezvousTimeoutError
-from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
+from tensorflow_elastic.rendezvous.liveness import Liveness, LoopClock, WatchLoss
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
 from tensorflow_elastic.rendezvous.settings import RunSettings
@@ -60,10 +60,13 @@ class RunObserver(Protocol):
 
 class Run:
     def __init__(self, state: RunState, settings: RunSettings, store: MembershipStore,
-                 events: ev.EventLog, observer: RunObserver):
-        """Runs ``state``, new or loaded: every node it knows gets a full heartbeat timeout to
-        (re)connect, and the members of an active generation are expected to ack it again."""
+                 events: ev.EventLog, observer: RunObserver, clock: LoopClock | None = None):
+        """Runs ``state``, new or loaded: every node a loaded state knows gets the reload grace
+        to (re)connect, and the members of an active generation are expected to ack it again.
+        ``clock`` measures silences (the serving loop's stalls left out; shared by the runs of
+        one loop)."""
         self._state = state
+        self._clock = clock = clock or LoopClock()
         self._settings = settings
         self._events = events
         self._observer = observer
@@ -75,9 +78,13 @@ class Run:
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
-        now = time.monotonic()
+        now = clock.now()
         for node_id in state.nodes:
             self._liveness.touch(node_id, now)
+        # Until then (clock time) nobody is timed out: the clients of a restarted orchestrator
+        # or of a new leader are reconnecting.
+        self._grace_until = now + settings.reload_grace if state.nodes else None
+        now = time.monotonic()
         # Members that have not yet seen the current generation; None once all have.
         self._unacked: set[int] | None = (set(state.members) if state.phase == Phase.ACTIVE
                                           else None)
@@ -212,7 +219,7 @@ class Run:
         cause = state.removal_cause(node_id)
         node = state.take_back(node_id, address, nonce)
         if node is not None:
-            self._liveness.touch(node_id, time.monotonic())
+            self._liveness.touch(node_id, self._clock.now())
             self._enqueue(node, f"came back after it was removed ({cause}); waiting, address "
                                 f"{address}")
         return node
@@ -225,7 +232,7 @@ class Run:
     def heartbeat(self, node_id: int, generation: int) -> HeartbeatInfo:
         state = self._state
         refusals.check_heartbeat(state, node_id, generation)
-        self._liveness.touch(node_id, time.monotonic())
+        self._liveness.touch(node_id, self._clock.now())
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
             self._ack(node_id)
@@ -255,7 +262,7 @@ class Run:
                 await wake.wait()
         finally:
             if node_id is not None and self._watch_loss.closed(
-                    node_id, time.monotonic(), self._state.is_active_member(node_id)):
+                    node_id, self._clock.now(), self._state.is_active_member(node_id)):
                 self._timer_wake.set()
 
     async def report_failure(self, node_id: int, generation: int, peers: list[int],
@@ -275,7 +282,7 @@ class Run:
             return await self._remove_dead(node_id, reason)
         peers = refusals.peers_to_probe(self._state, node_id, generation, peers)
         members = self._state.members
-        self._liveness.touch(node_id, time.monotonic())
+        self._liveness.touch(node_id, self._clock.now())
         verdicts = await asyncio.gather(*(self._is_dead(peer, members[peer]) for peer in peers))
         dead = [peer for peer, is_dead in zip(peers, verdicts) if is_dead]
         alive = [peer for peer, is_dead in zip(peers, verdicts) if not is_dead]
@@ -292,7 +299,7 @@ class Run:
         """Barrier and exchange: returns every member's value once all have put theirs."""
         state = self._state
         refusals.check_member(state, node_id, generation)
-        self._liveness.touch(node_id, time.monotonic())
+        self._liveness.touch(node_id, self._clock.now())
         self._ack(node_id)
         key = f"{kind}/{name}"
         deadline = time.monotonic() + timeout
@@ -341,7 +348,7 @@ class Run:
             self._remove([node_id], f"left: {reason or 'no reason given'}", failed=False))
 
     def status(self) -> RunStatus:
-        now = time.monotonic()
+        now = self._clock.now()
         state = self._state
         nodes = [NodeStatus(node_id, state.members[node_id], "member",
                             self._liveness.silent_for(node_id, now))
@@ -376,7 +383,7 @@ class Run:
         else:
             state.blocklist.check(address)
             node = state.register(address, nonce)
-            self._liveness.touch(node.node_id, time.monotonic())
+            self._liveness.touch(node.node_id, self._clock.now())
             if enqueue:
                 self._enqueue(node)
             else:
@@ -415,7 +422,7 @@ class Run:
                         refusals.join_timeout_message(state, node, timeout))
                 await _wait(self._join_wake, remaining)
         finally:
-            self._liveness.release(node.node_id, time.monotonic())
+            self._liveness.release(node.node_id, self._clock.now())
             if node.node_id not in state.nodes:
                 self._liveness.forget(node.node_id)
         self._ack(node.node_id)
@@ -556,7 +563,7 @@ class Run:
         address refuses a connection or stays silent while this process keeps up. A local
         failure (no file descriptors, no buffers) or a timeout this process's own stall may
         explain says nothing of the peer: it stays, and its heartbeats decide."""
-        silent = self._liveness.silent_for(peer, time.monotonic())
+        silent = self._liveness.silent_for(peer, self._clock.now())
         if silent > self._settings.heartbeat_timeout / 2:
             return True
         async with self._probes:
@@ -564,26 +571,35 @@ class Run:
 
     async def _timer_loop(self) -> None:
         """Failure detector, last call and below-min deadline, sleeping until the next is due."""
+        clock = self._clock
         while not self._state.phase.ended:
+            alive_now = clock.now()
             now = time.monotonic()
-            self._on_timers(now)
-            due = []
+            self._on_timers(now, alive_now)
+            due = []  # on the loop clock, then on time.monotonic()
             oldest = self._liveness.oldest()
-            if oldest is not None:
+            if self._grace_until is not None:
+                due.append(self._grace_until)
+            elif oldest is not None:
                 due.append(oldest[1] + self._settings.heartbeat_timeout)
-            due += [t for t in (self._last_call_at, self._state.below_min_at) if t is not None]
             due += self._watch_loss.deadlines()
+            due = [clock.to_monotonic(t) for t in due]
+            due += [t for t in (self._last_call_at, self._state.below_min_at) if t is not None]
             self._timer_wake.clear()
             await _wait(self._timer_wake, max(0.0, min(due) - now) + 0.001 if due else None)
 
-    def _on_timers(self, now: float) -> None:
+    def _on_timers(self, now: float, alive_now: float) -> None:
+        """Acts on what is due: ``now`` is time.monotonic(), ``alive_now`` the loop clock's."""
         settings = self._settings
-        silent = self._liveness.expired(now, settings.heartbeat_timeout)
-        if silent:
-            self._remove(silent, f"no heartbeat for {settings.heartbeat_timeout:g} s",
-                         failed=True, may_return=True)
+        if self._grace_until is not None and alive_now >= self._grace_until:
+            self._grace_until = None
+        if self._grace_until is None:
+            silent = self._liveness.expired(alive_now, settings.heartbeat_timeout)
+            if silent:
+                self._remove(silent, f"no heartbeat for {settings.heartbeat_timeout:g} s",
+                             failed=True, may_return=True)
         if self._state.phase == Phase.ACTIVE:
-            gone = self._watch_loss.overdue(now, self._state.members)
+            gone = self._watch_loss.overdue(alive_now, self._state.members)
             if gone:
                 self._remove(gone, f"its connection closed and it sent nothing for "
                              f"{settings.watch_loss_grace:g} s", failed=True, may_return=True)

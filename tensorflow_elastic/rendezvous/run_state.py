@@ -7,7 +7,7 @@ changed, or the step the run takes next: no I/O, no timers, no locks, so the run
 
 The store writes the snapshot after every membership change; a restarted
 orchestrator decodes it and the run goes on. Heartbeats are not in it: every
-known node gets a full heartbeat timeout to reconnect. A snapshot names its
+known node gets the reload grace (RunSettings.reload_grace) to reconnect. A snapshot names its
 format, and one of another format is refused rather than misread.
 """
 

@@ -30,13 +30,14 @@ from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
     UNKNOWN_RUN, InvalidArgumentError, LimitReachedError, RendezvousError)
+from tensorflow_elastic.rendezvous.liveness import LoopClock
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.refusals import check_last_generation
 from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import MembershipUpdate, NodeBounds
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, MembershipUpdate, NodeBounds
 
 MAX_RUN_ID = 128
 MAX_ADDRESS = 256
@@ -49,6 +50,8 @@ MAX_REPLY_BYTES = 4 * 1024 * 1024 - 64 * 1024
 _SWEEP_INTERVAL_S = 30.0
 MAX_NODES = 100_000
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+# Nodes one KeepAlive message may beat for (a process of many simulated nodes, an agent's workers).
+MAX_BEATS = 100_000
 
 _BARRIER = "barrier"
 _SYNC = "synchronize"
@@ -93,10 +96,14 @@ class RendezvousService:
         self._deleting: dict[str, asyncio.Task] = {}
         self._watches: collections.Counter[str] = collections.Counter()
         self._sweeper: asyncio.Task | None = None
+        # One clock for every run: it measures the stalls of the loop they share.
+        self._clock = LoopClock()
+        self._clock_ticks: asyncio.Task | None = None
 
     async def load(self) -> None:
         """Restores the runs saved in the store and starts their timers; a run that cannot be
         restored is set aside rather than keeping every other run from being served."""
+        self._clock_ticks = asyncio.get_running_loop().create_task(self._clock.tick())
         for run_id, snapshot in self._store.load().items():
             try:
                 state = decode(snapshot, self._settings)
@@ -116,9 +123,10 @@ class RendezvousService:
             run.halt()
 
     async def close(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for task in (self._sweeper, self._clock_ticks):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         for run in self._runs.values():
             await run.close()
         await asyncio.gather(*self._deleting.values(), return_exceptions=True)
@@ -150,7 +158,7 @@ class RendezvousService:
         self._deleting[run_id] = asyncio.get_running_loop().create_task(delete())
 
     def _add_run(self, state: RunState) -> Run:
-        run = Run(state, self._settings, self._store, self._events, self._metrics)
+        run = Run(state, self._settings, self._store, self._events, self._metrics, self._clock)
         self._runs[state.run_id] = run
         return run
 
@@ -186,8 +194,7 @@ class RendezvousService:
         service = pb.DESCRIPTOR.services_by_name["Rendezvous"]
         handlers = {}
         for method in service.methods:
-            make = (grpc.unary_stream_rpc_method_handler if method.server_streaming
-                    else grpc.unary_unary_rpc_method_handler)
+            make = _HANDLER_KINDS[method.client_streaming, method.server_streaming]
             handlers[method.name] = make(
                 getattr(self, method.name),
                 request_deserializer=getattr(pb, method.input_type.name).FromString,
@@ -253,10 +260,42 @@ class RendezvousService:
 
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
-        info = self._run(request.run_id).heartbeat(request.node_id, request.generation)
-        return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
-                                    waiting=info.waiting, removed=info.removed,
-                                    member=info.member, queued=info.queued)
+        return _heartbeat_reply(self._run(request.run_id).heartbeat(request.node_id,
+                                                                    request.generation))
+
+    async def KeepAlive(self, requests: AsyncIterator[pb.KeepAliveRequest],
+                        context: grpc.aio.ServicerContext
+                        ) -> AsyncIterator[pb.KeepAliveResponse | bytes]:
+        """Takes every beat of every message as a Heartbeat; answers each message with the
+        nodes whose answer changed since this stream last gave it, so that a steady stream
+        costs one small read and one empty reply per message, whatever its nodes."""
+        self._metrics.rpc_done("KeepAlive", "OK")
+        told: dict[tuple[str, int], HeartbeatInfo] = {}
+        async for request in requests:
+            if len(request.beats) > MAX_BEATS:
+                error = InvalidArgumentError(f"{len(request.beats)} beats in one message; "
+                                             f"send at most {MAX_BEATS}")
+                self._metrics.rpc_done("KeepAlive", error.code.name)
+                await _abort(context, error)
+            if len(told) > MAX_BEATS:
+                told.clear()  # nodes that stopped beating on this stream: tell the rest anew
+            answers = []
+            for beat in request.beats:
+                key = (beat.run_id, beat.node_id)
+                try:
+                    info = self._run(beat.run_id).heartbeat(beat.node_id, beat.generation)
+                except RendezvousError as e:
+                    told.pop(key, None)
+                    answers.append(pb.KeepAliveAnswer(
+                        run_id=beat.run_id, node_id=beat.node_id, code=e.code.value[0],
+                        message=e.message, reason=e.reason))
+                    continue
+                if told.get(key) != info:
+                    told[key] = info
+                    answers.append(pb.KeepAliveAnswer(run_id=beat.run_id, node_id=beat.node_id,
+                                                      info=_heartbeat_reply(info)))
+            # The steady state, nothing to tell: an empty message, serialized as nothing.
+            yield pb.KeepAliveResponse(answers=answers) if answers else b""
 
     async def Watch(self, request: pb.WatchRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -366,6 +405,14 @@ class RendezvousService:
                        for a, f, r in s.blocklist])
 
 
+# (client streaming, server streaming) -> how gRPC serves such a method.
+_HANDLER_KINDS = {
+    (False, False): grpc.unary_unary_rpc_method_handler,
+    (False, True): grpc.unary_stream_rpc_method_handler,
+    (True, True): grpc.stream_stream_rpc_method_handler,
+}
+
+
 @dataclasses.dataclass
 class _Encoded:
     version: int
@@ -373,6 +420,12 @@ class _Encoded:
     # The membership as field 2 of a JoinResponse; append it to the node id.
     join_tail: bytes
     update: bytes | None = None
+
+
+def _heartbeat_reply(info: HeartbeatInfo) -> pb.HeartbeatResponse:
+    return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
+                                waiting=info.waiting, removed=info.removed, member=info.member,
+                                queued=info.queued)
 
 
 def _serialize(reply: Any) -> bytes:

@@ -17,6 +17,13 @@ from tensorflow_elastic import environment
 HEARTBEAT_INTERVAL_S = 0.25
 
 
+# How quickly a client reaches an orchestrator that is back (restarted on its state, or a new
+# leader): its channel tries to reconnect at least this often, and its calls retry after at
+# most CLIENT_RETRY_BACKOFF_MAX_S (see client.py).
+CLIENT_RECONNECT_BACKOFF_MAX_S = 1.0
+CLIENT_RETRY_BACKOFF_MAX_S = 2.0
+
+
 def heartbeat_interval() -> float:
     """A node's heartbeat interval: TFE_HEARTBEAT_INTERVAL, or the default."""
     return environment.number(environment.HEARTBEAT_INTERVAL, HEARTBEAT_INTERVAL_S)
@@ -46,3 +53,11 @@ class RunSettings:
     max_watches: int = 20_000
     # Barriers and exchanges one generation may hold (a worker uses a handful).
     max_gathers: int = 1000
+
+    @property
+    def reload_grace(self) -> float:
+        """How long a run loaded from the store (after a restart or a failover) gives its nodes
+        to be heard from: a client may need a reconnect and a retry pause before its next
+        heartbeat gets through, and that must not count as silence."""
+        return (self.heartbeat_timeout + CLIENT_RECONNECT_BACKOFF_MAX_S
+                + CLIENT_RETRY_BACKOFF_MAX_S)

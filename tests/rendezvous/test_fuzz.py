@@ -50,6 +50,8 @@ def _value(rng: random.Random, field: _F) -> object:
         return rng.choice([0.0, -1.0, 0.001, 0.5, 1e12, math.inf, -math.inf, math.nan])
     if field.type == _F.TYPE_BOOL:
         return rng.random() < 0.5
+    if field.type == _F.TYPE_MESSAGE:
+        return random_request(rng, getattr(pb, field.message_type.name))
     return _integer(rng, field)
 
 
@@ -100,7 +102,9 @@ def _call(channel: grpc.Channel, method: pb_descriptor.MethodDescriptor,
     started = time.monotonic()
     try:
         if method.server_streaming:
-            stream = channel.unary_stream(path)(data, timeout=CALL_DEADLINE_S)
+            stream = (channel.stream_stream(path)(iter([data] * 3), timeout=CALL_DEADLINE_S)
+                      if method.client_streaming
+                      else channel.unary_stream(path)(data, timeout=CALL_DEADLINE_S))
             try:
                 for _ in range(3):
                     next(stream)

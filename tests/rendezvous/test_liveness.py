@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from tensorflow_elastic.rendezvous.liveness import Liveness, WatchLoss
+import pytest
+
+from tensorflow_elastic.rendezvous.liveness import LOOP_TICK_S, LoopClock, Liveness, WatchLoss
 
 
 def test_liveness_expires_the_least_recently_heard_first():
@@ -46,3 +48,20 @@ def test_watch_loss_forgets_a_node_that_is_no_member_any_more():
     assert loss.closed(1, 0.0, member=True)
     assert loss.overdue(5.0, members=set()) == []
     assert loss.deadlines() == []
+
+
+def test_the_loop_clock_leaves_out_a_stall_of_the_loop_but_not_jitter():
+    t = [100.0]
+    clock = LoopClock(lambda: t[0])
+    start = clock.now()
+    t[0] += LOOP_TICK_S + 0.05  # a late tick: jitter, counted
+    assert clock.now() == pytest.approx(start + LOOP_TICK_S + 0.05)
+    t[0] += 10.0  # the loop stood still for 10 s (a frozen process, a long GC)
+    after = clock.now()
+    assert after - start == pytest.approx(2 * LOOP_TICK_S + 0.05)
+    assert clock.stalled == pytest.approx(10.0 - LOOP_TICK_S)
+    assert clock.to_monotonic(after) == pytest.approx(t[0])
+    # A node heard just before the stall is as silent as the loop ran since.
+    live = Liveness()
+    live.touch(1, start)
+    assert live.expired(after, 1.5) == []

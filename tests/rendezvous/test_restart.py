@@ -6,9 +6,11 @@ import asyncio
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 
 import grpc
 import pytest
@@ -16,6 +18,7 @@ import pytest
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import Client
+from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.store import (FileStore, GroupCommitter, MemoryStore,
                                                   StoreInUse)
 
@@ -212,3 +215,36 @@ def test_the_orchestrator_cli_refuses_a_state_dir_another_one_holds(tmp_path, su
         holder.close()
     assert done.returncode != 0
     assert "in use by another orchestrator" in done.stderr + done.stdout
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("outage", ["sigstop", "kill_9_and_restart"])
+def test_a_10_s_outage_of_the_orchestrator_removes_no_live_member(
+        start_orchestrator, nodes_for, wait, tmp_path, outage):
+    # The default timing: 1.5 s of silence removes a node, members beat every 0.25 s.
+    state_dir = str(tmp_path / "state")
+    server = start_orchestrator("--state_dir", state_dir, heartbeat_timeout=1.5)
+    nodes = nodes_for(server.endpoint)
+    joined = nodes.join(3, 3, 3, heartbeat=heartbeat_interval())
+    watches = [threading.Thread(target=lambda c=c: [None for _ in c.watch()], daemon=True)
+               for c, _ in joined]
+    for thread in watches:
+        thread.start()
+    a = joined[0][0]
+    wait(lambda: a.status()[0].membership.generation == 1, what="generation 1")
+    if outage == "sigstop":  # a frozen orchestrator: its event loop resumes 10 s late
+        os.kill(server.pid, signal.SIGSTOP)
+        time.sleep(10.0)
+        os.kill(server.pid, signal.SIGCONT)
+    else:  # gone for 10 s, then back on the same state: the clients' channels back off
+        server.kill()
+        time.sleep(10.0)
+        server = start_orchestrator("--state_dir", state_dir, port=server.port,
+                                    heartbeat_timeout=1.5)
+    time.sleep(6.0)  # past the grace a reloaded run gives its nodes, and several timeouts
+    [run] = a.status()
+    assert run.membership.generation == 1, run.history
+    assert sorted(run.membership.members) == sorted(c.node_id for c, _ in joined)
+    assert not [h for h in run.history if h["event"] in ("node_left", "failure_detected")], \
+        run.history
+    assert all(c.heartbeat_error is None for c, _ in joined)
