@@ -211,9 +211,16 @@ class EtcdClient:
             failure: list[epb.RequestOp] = (),
             on_unanswered: Callable[[], None] = lambda: None) -> epb.TxnResponse:
         request = epb.TxnRequest(compare=compare, success=success, failure=list(failure))
-        return self._call("Txn", lambda i: self._kv[i].Txn(request, timeout=self.timeout,
-                                                          metadata=self._metadata),
-                          on_unanswered)
+        try:
+            return self._call("Txn", lambda i: self._kv[i].Txn(request, timeout=self.timeout,
+                                                              metadata=self._metadata),
+                              on_unanswered)
+        except grpc.RpcError as e:
+            # Past etcd's request limit plus gRPC's margin, its gRPC server refuses the request.
+            if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise EtcdRequestTooLarge(f"etcd refused a transaction of {request.ByteSize()} "
+                                          f"bytes as too large: {e.details()}") from None
+            raise
 
     def grant(self, ttl: int) -> epb.LeaseGrantResponse:
         response = self._call("LeaseGrant", lambda i: self._lease[i].LeaseGrant(
