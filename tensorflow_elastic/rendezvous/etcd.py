@@ -188,12 +188,13 @@ class EtcdClient:
         return kvs[0] if kvs else None
 
     def scan(self, prefix: bytes, keys_only: bool = False) -> Iterator[epb.KeyValue]:
-        """Every key under ``prefix`` as of one revision, page by page: no answer grows past
-        gRPC's receive limit however many keys there are."""
-        end, start, revision, limit = prefix_end(prefix), prefix, 0, SCAN_PAGE
+        """Every key under ``prefix``, page by page: no answer grows past gRPC's receive limit
+        however many keys there are. Pages are read at etcd's latest revision each (a pinned
+        one may be compacted meanwhile): a caller that must see one revision writes alone."""
+        end, start, limit = prefix_end(prefix), prefix, SCAN_PAGE
         while True:
             request = epb.RangeRequest(key=start, range_end=end, limit=limit,
-                                       revision=revision, keys_only=keys_only)
+                                       keys_only=keys_only)
             try:
                 response = self._range(request)
             except grpc.RpcError as e:
@@ -201,7 +202,6 @@ class EtcdClient:
                     raise
                 limit //= 2  # values larger than this client writes: a smaller page
                 continue
-            revision = revision or response.header.revision
             yield from response.kvs
             if not response.more or not response.kvs:
                 return

@@ -102,8 +102,11 @@ class EtcdStore(MembershipStore):
             return head, None
         try:
             prefix, count, digest = parts["prefix"].encode(), parts["count"], parts["sha256"]
+            own = prefix.startswith(self._run_parts(head["run_id"]))
         except (TypeError, KeyError, AttributeError):
             raise ValueError("a head of parts that names no parts") from None
+        if not own:
+            raise ValueError("its head names parts of another run")
         pieces = [kv.value for kv in self._scan("load the parts of a run", prefix)]
         data = b"".join(pieces)
         if len(pieces) != count or hashlib.sha256(data).hexdigest() != digest:

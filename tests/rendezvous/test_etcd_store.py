@@ -333,3 +333,16 @@ def test_a_deleted_leader_key_ends_the_lead(client):
     assert changed.wait(5), "the leader did not notice"
     assert "deleted" in election.lost_cause
     election.stop()
+
+
+def test_a_head_naming_parts_of_another_run_is_set_aside(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    store = EtcdStore(client, PREFIX, election)
+    store.save("victim", _big_snapshot("victim", 2**20))
+    parts = store._part_sets["victim"].decode()
+    head = {"run_id": "forged", "parts": {"prefix": parts, "count": 6, "sha256": "0"}}
+    client.txn([], [etcd.put(store._key("forged"), json.dumps(head).encode())])
+    assert set(EtcdStore(client, PREFIX, election).load()) == {"victim"}
+    assert client.get(store._key("forged")) is None  # moved to PREFIX/corrupt/
+    election.stop()
