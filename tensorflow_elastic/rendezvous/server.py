@@ -208,6 +208,11 @@ class Orchestrator:
         changed = asyncio.Event()
         client = etcd.EtcdClient(self._etcd.endpoints, tls=self._etcd.tls,
                                  access=self._store_access)
+        try:
+            await loop.run_in_executor(None, _check_access, client, self._etcd)
+        except OSError:
+            client.close()
+            raise
         gate = _LeaderGate()
         server = await self._start_server(gate)
         election = Election(client, leader_key(self._etcd.prefix),
@@ -269,6 +274,20 @@ class Orchestrator:
             self._events.record(ev.ORCHESTRATOR_FAILOVER, previous=previous, **fields)
         else:
             self._events.record(ev.LEADER_ELECTED, **fields)
+
+
+def _check_access(client: etcd.EtcdClient, url: etcd.EtcdUrl) -> None:
+    """OSError when etcd refuses this orchestrator (user, password, permissions): a replica
+    that cannot read its prefix would only log failed elections. An etcd that does not answer
+    yet is waited for, as ever."""
+    try:
+        client.get(leader_key(url.prefix))
+    except etcd.EtcdUnavailable:
+        pass
+    except grpc.RpcError as e:
+        raise OSError(f"etcd at {','.join(url.endpoints)} refused this orchestrator "
+                      f"({e.code().name}: {e.details()}); check --etcd_user and its password, "
+                      f"and the user's permissions on {url.prefix}") from None
 
 
 def check_advertise(host: str, advertise: str | None) -> None:

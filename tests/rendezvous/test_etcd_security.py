@@ -118,6 +118,14 @@ def test_etcd_refuses_a_client_without_its_certificate_user_or_password(secured_
             client.close()
 
 
+def test_a_replica_that_etcd_refuses_does_not_start(secured_etcd):
+    server, certificates = secured_etcd
+    replica = Orchestrator("127.0.0.1", 0, store=f"etcds://{server.endpoint}/secure",
+                           store_access=_access(certificates, "guess"))
+    with pytest.raises(OSError, match="refused this orchestrator"):
+        replica.start()
+
+
 def test_the_orchestrator_command_takes_the_etcd_tls_and_user_flags(secured_etcd,
                                                                    start_orchestrator,
                                                                    tmp_path):
