@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: --host:--port; required with --host 0.0.0.0)")
     p.add_argument("--etcd_ca", help="PEM certificate(s) to trust for etcd's TLS (etcds://; "
                    "default: the system's)")
-    p.add_argument("--etcd_cert", help="PEM client certificate for etcd's --client-cert-auth "
-                   "(etcds://; needs --etcd_key)")
+    p.add_argument("--etcd_cert", help="PEM client certificate for etcd's client certificate "
+                   "check (etcds://; needs --etcd_key)")
     p.add_argument("--etcd_key", help="PEM private key of --etcd_cert")
     p.add_argument("--etcd_user", help="etcd user to authenticate as (etcd auth enabled); its "
                    f"password from --etcd_password_file or ${environment.ETCD_PASSWORD}")
