@@ -98,7 +98,8 @@ class BoundGrpcServerFactory : public tensorflow::ServerFactory {
 class Registrar {
  public:
   Registrar() {
-    tensorflow::ServerFactory::Register("ELASTIC_BOUND_GRPC_SERVER", new BoundGrpcServerFactory());
+    tensorflow::ServerFactory::Register("ELASTIC_BOUND_GRPC_SERVER",
+                                        new BoundGrpcServerFactory());
   }
 };
 
