@@ -15,6 +15,7 @@ ENDPOINT = "TFE_RDZV_ENDPOINT"          # the orchestrator, HOST:PORT[,HOST:PORT
 RUN_ID = "TFE_RUN_ID"                   # the job's name at the orchestrator
 TOKEN = "TFE_RDZV_TOKEN"                # the orchestrator's shared secret
 TLS_CA = "TFE_RDZV_TLS_CA"              # PEM certificate to trust when the orchestrator uses TLS
+ETCD_PASSWORD = "TFE_ETCD_PASSWORD"     # the orchestrator's etcd user's password (--etcd_user)
 ADDRESS = "TFE_ADDRESS"                 # this worker's TensorFlow server, HOST:PORT
 ADDRESS_FD = "TFE_ADDRESS_FD"           # a listening socket holding ADDRESS's port
 MIN_NODES = "TFE_MIN_NODES"

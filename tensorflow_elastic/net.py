@@ -45,6 +45,15 @@ def is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def is_wildcard(host: str) -> bool:
+    """Whether ``host`` means every interface (0.0.0.0, ::): an address to listen on that no
+    one can be told to connect to."""
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return host == ""
+
+
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 

@@ -2,7 +2,8 @@
 directory the caller owns; started and stopped (or killed) by pid.
 
 Its raft timings are short so that a lease of 1 s is allowed (etcd raises a shorter TTL to
-1.5 election timeouts) and leader failover is quick to test.
+1.5 election timeouts) and leader failover is quick to test. With ``tls`` (CA, certificate and
+key PEM paths) it serves over TLS and asks clients for a certificate signed by that CA.
 """
 
 from __future__ import annotations
@@ -14,9 +15,7 @@ import socket
 import subprocess
 import time
 
-import grpc
-
-from tensorflow_elastic.proto import etcd_pb2, etcd_pb2_grpc
+from tensorflow_elastic.rendezvous.etcd import EtcdAccess, EtcdClient, EtcdUnavailable
 
 START_TIMEOUT_S = 30.0
 
@@ -31,7 +30,8 @@ class EtcdServer:
     """``etcd`` on 127.0.0.1; :meth:`start` again after :meth:`kill` restarts it on the same
     ports and data (an etcd restart)."""
 
-    def __init__(self, data_dir: str):
+    def __init__(self, data_dir: str, tls: tuple[str, str, str] | None = None,
+                 extra_args: tuple[str, ...] = ()):
         self.binary = shutil.which("etcd")
         if self.binary is None:
             raise FileNotFoundError("etcd is not installed (apt-get install etcd-server)")
@@ -39,35 +39,55 @@ class EtcdServer:
         self.port = _free_port()
         self.peer_port = _free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
-        self.url = f"etcd://{self.endpoint}"
+        self.tls = tls
+        self.extra_args = extra_args
+        self.url = f"{'etcds' if tls else 'etcd'}://{self.endpoint}"
         self.proc: subprocess.Popen | None = None
         self._log = open(os.path.join(os.path.dirname(data_dir), "etcd.log"), "ab")
 
     def start(self) -> "EtcdServer":
-        client, peer = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
+        scheme = "https" if self.tls else "http"
+        client, peer = f"{scheme}://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.peer_port}"
+        tls_args = []
+        if self.tls:
+            ca, cert, key = self.tls
+            tls_args = ["--trusted-ca-file", ca, "--cert-file", cert, "--key-file", key,
+                        "--client-cert-auth"]
         self.proc = subprocess.Popen(
             [self.binary, "--name", "tfe-test", "--data-dir", self.data_dir,
              "--listen-client-urls", client, "--advertise-client-urls", client,
              "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
              "--initial-cluster", f"tfe-test={peer}", "--heartbeat-interval", "50",
-             "--election-timeout", "500", "--log-level", "error"],
+             "--election-timeout", "500", "--log-level", "error", *tls_args,
+             *self.extra_args],
             stdout=self._log, stderr=subprocess.STDOUT)
         self._wait_ready()
         return self
 
+    def client(self, **access: str) -> EtcdClient:
+        """A client of this etcd (over TLS with the server's own certificate when it has
+        TLS); ``access`` adds a user and password."""
+        if self.tls:
+            ca, cert, key = self.tls
+            access = dict(dict(ca=ca, cert=cert, key=key), **access)
+        return EtcdClient((self.endpoint,), timeout=1.0, tls=bool(self.tls),
+                          access=EtcdAccess(**access))
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        with grpc.insecure_channel(self.endpoint) as channel:
-            stub = etcd_pb2_grpc.KVStub(channel)
+        client = self.client()
+        try:
             while True:
                 try:
-                    stub.Range(etcd_pb2.RangeRequest(key=b"/"), timeout=1.0)
+                    client.get(b"/")
                     return
-                except grpc.RpcError:
+                except EtcdUnavailable:
                     if self.proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(f"etcd did not start (exit code {self.proc.poll()}); "
                                            f"see {self._log.name}") from None
                     time.sleep(0.1)
+        finally:
+            client.close()
 
     def signal(self, sig: int) -> None:
         if self.proc is not None and self.proc.poll() is None:

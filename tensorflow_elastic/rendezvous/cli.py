@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -10,9 +11,9 @@ import threading
 from tensorflow_elastic import environment, net
 from tensorflow_elastic.observability import prometheus
 from tensorflow_elastic.rendezvous import auth
-from tensorflow_elastic.rendezvous.etcd import parse_url
+from tensorflow_elastic.rendezvous.etcd import EtcdAccess, parse_url
 from tensorflow_elastic.rendezvous.leader import DEFAULT_TTL_S
-from tensorflow_elastic.rendezvous.server import Orchestrator
+from tensorflow_elastic.rendezvous.server import Orchestrator, check_advertise
 from tensorflow_elastic.rendezvous.settings import RunSettings
 
 DEFAULT_PORT = 29400
@@ -83,10 +84,20 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: memory only)")
     p.add_argument("--store", help="etcd://HOST:PORT[,HOST:PORT][/PREFIX]: keep run state in etcd "
                    "and run as one of several replicas (one leads, the others stand by and take "
-                   "over when it is lost); give clients every replica: --rdzv_endpoint "
-                   "H1:P1,H2:P2. See docs/ha.md")
+                   "over when it is lost); etcds://... for etcd over TLS; give clients every "
+                   "replica: --rdzv_endpoint H1:P1,H2:P2. See docs/ha.md")
     p.add_argument("--advertise", help="HOST:PORT clients reach this replica at, told to them by "
-                   "the replicas that stand by (default: --host:--port)")
+                   "the replicas that stand by; it must be one of the clients' --rdzv_endpoint "
+                   "(default: --host:--port; required with --host 0.0.0.0)")
+    p.add_argument("--etcd_ca", help="PEM certificate(s) to trust for etcd's TLS (etcds://; "
+                   "default: the system's)")
+    p.add_argument("--etcd_cert", help="PEM client certificate for etcd's client certificate "
+                   "check (etcds://; needs --etcd_key)")
+    p.add_argument("--etcd_key", help="PEM private key of --etcd_cert")
+    p.add_argument("--etcd_user", help="etcd user to authenticate as (etcd auth enabled); its "
+                   f"password from --etcd_password_file or ${environment.ETCD_PASSWORD}")
+    p.add_argument("--etcd_password_file", help="file whose first line is --etcd_user's "
+                   "password")
     p.add_argument("--leader_ttl", type=int, default=DEFAULT_TTL_S,
                    help="seconds of the leader's etcd lease: a lost leader is replaced within "
                    "about this long (etcd raises it to its minimum; default: %(default)s)")
@@ -123,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         if args.leader_ttl < 1:
             parser.error("--leader_ttl must be a whole number of seconds >= 1")
+        try:
+            check_advertise(args.host, args.advertise)
+        except ValueError as e:
+            parser.error(str(e))
+    try:
+        store_access = _store_access(args)
+    except (OSError, ValueError) as e:
+        parser.error(str(e))
     try:
         token = auth.load_token(args.token_file)
     except (OSError, ValueError) as e:
@@ -135,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                           tls_cert=args.tls_cert, tls_key=args.tls_key,
                           metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                           events_file=args.events_file, settings=settings, store=args.store,
-                          advertise=args.advertise, leader_ttl=args.leader_ttl)
+                          advertise=args.advertise, leader_ttl=args.leader_ttl,
+                          store_access=store_access)
     try:
         server.start()
     except OSError as e:
@@ -157,3 +177,29 @@ def main(argv: list[str] | None = None) -> int:
     server.stop()
     return 0
 
+
+
+def _store_access(args: argparse.Namespace) -> EtcdAccess:
+    """The etcd TLS files and user of the flags; ValueError for flags that do not fit."""
+    tls_files = (args.etcd_ca, args.etcd_cert, args.etcd_key)
+    user_flags = args.etcd_user is not None or args.etcd_password_file is not None
+    if args.store is None:
+        if any(tls_files) or user_flags:
+            raise ValueError("the --etcd_* flags need an etcd store (--store)")
+        return EtcdAccess()
+    if any(tls_files) and not parse_url(args.store).tls:
+        raise ValueError("--etcd_ca/--etcd_cert/--etcd_key need TLS: --store etcds://...")
+    if (args.etcd_cert is None) != (args.etcd_key is None):
+        raise ValueError("--etcd_cert and --etcd_key go together")
+    for path in tls_files:
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{path}: no such file")
+    password = None
+    if args.etcd_user is not None:
+        password = auth.load_token(args.etcd_password_file, env=environment.ETCD_PASSWORD)
+        if password is None:
+            raise ValueError(f"--etcd_user needs its password: --etcd_password_file or "
+                             f"${environment.ETCD_PASSWORD}")
+    elif args.etcd_password_file is not None:
+        raise ValueError("--etcd_password_file needs --etcd_user")
+    return EtcdAccess(args.etcd_ca, args.etcd_cert, args.etcd_key, args.etcd_user, password)

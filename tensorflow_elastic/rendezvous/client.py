@@ -8,7 +8,9 @@ restarted with its state directory, or swamped at start-up, is invisible to
 members beyond a pause. The endpoint may list replicas (``h1:p1,h2:p2``): a
 call goes to the one that leads (a standby names it), and to the next one
 when the current one does not answer, so a failover is a pause too; watch
-streams subscribe again at the new leader. Every call may be sent twice:
+streams subscribe again at the new leader. Only a listed replica is followed:
+the leader's name comes from etcd, and whoever can write there must not be
+able to send nodes (and their token) elsewhere. Every call may be sent twice:
 joins carry a nonce and members their permanent id, so retries never create a
 second node; a barrier or exchange is named by generation and name; a repeated
 leave or failure report changes nothing more.
@@ -88,9 +90,12 @@ class Client:
         self._channel_args = dict(token=token, tls_ca=tls_ca, tls=tls, call_timeout=call_timeout,
                                   retry_timeout=retry_timeout)
         self._replicas: list[_Replica] = []
+        # Leaders named by a replica that are not listed (warned about once each).
+        self._refused_leaders: set[str] = set()
         self._lock = threading.Lock()
         for address in split_endpoints(endpoint):
-            self._replica(address)
+            if self._listed(address) is None:
+                self._replica(address)
         # The replica calls go to first: the one that answered last.
         self._current = 0
         self.node_id: int | None = None
@@ -342,23 +347,30 @@ class Client:
                 return  # another thread moved already
             if rpc.reason_of(e) == NOT_LEADER:
                 leader = dict(e.trailing_metadata() or ()).get(LEADER_METADATA_KEY, "")
-                if leader:
-                    self._current = self._replica(leader)
+                listed = self._listed(leader)
+                if listed is not None:
+                    self._current = listed
                     return
+                if leader and leader not in self._refused_leaders:
+                    self._refused_leaders.add(leader)
+                    logger.warning("the orchestrator replica at %s names %s as the leader, "
+                                   "which is not one of %s: not following it",
+                                   self._replicas[index].address, leader, self.endpoint)
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 self._current = (index + 1) % len(self._replicas)
 
-    def _replica(self, address: str) -> int:
-        """The index of the replica at ``address``; a leader no one listed is added."""
-        for index, replica in enumerate(self._replicas):
-            if replica.address == address:
-                return index
+    def _listed(self, address: str) -> int | None:
+        """The index of the listed replica at ``address`` (None: not one of them)."""
+        return next((index for index, replica in enumerate(self._replicas)
+                     if replica.address == address), None)
+
+    def _replica(self, address: str) -> None:
+        """Adds a channel to the replica at ``address``."""
         if self._credentials is not None:
             channel = grpc.secure_channel(address, self._credentials, options=_CHANNEL_OPTIONS)
         else:
             channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._replicas.append(_Replica(address, channel, pb_grpc.RendezvousStub(channel)))
-        return len(self._replicas) - 1
 
 
 @dataclasses.dataclass

@@ -27,6 +27,7 @@ TIMEOUT = "timeout"
 BLOCKLISTED = "blocklisted"
 LIMIT_REACHED = "limit_reached"
 NOT_LEADER = "not_leader"
+STORE_LIMIT = "store_limit"
 UNREACHABLE = "unreachable"
 # Trailing metadata of a NOT_LEADER refusal: HOST:PORT of the replica that leads ("" unknown).
 LEADER_METADATA_KEY = "tfe-leader"
@@ -111,6 +112,15 @@ class NotLeaderError(RendezvousError):
     default_reason = NOT_LEADER
 
 
+class StoreLimitError(RendezvousError):
+    """The change cannot be saved: the store refused a request over its size limit (etcd's
+    ``--max-request-bytes``). Not retried: the same change would be refused again; the
+    replica still leads and its store still answers."""
+
+    default_code = grpc.StatusCode.FAILED_PRECONDITION
+    default_reason = STORE_LIMIT
+
+
 class OrchestratorUnreachableError(RendezvousError):
     """No orchestrator replica answered for the client's whole retry time (raised by the
     client, never sent)."""
@@ -129,4 +139,5 @@ _BY_REASON: dict[str, type[RendezvousError]] = {
     BLOCKLISTED: BlocklistedError,
     LIMIT_REACHED: LimitReachedError,
     NOT_LEADER: NotLeaderError,
+    STORE_LIMIT: StoreLimitError,
 }

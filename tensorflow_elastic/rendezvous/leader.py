@@ -10,6 +10,8 @@ expire: the lease was renewed no earlier than the moment the renewal was sent,
 so it lives at least ``TTL`` from then; the leader stops ``margin`` earlier.
 So a replica cut off from etcd stops leading before any other can start, and
 every write of the store is guarded by the leader key's creation revision too.
+The leader reads its key at every renewal: a key deleted or replaced by hand
+(or by anyone who may write to etcd) ends its lead at once.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ class Election:
             self._lease, self._granted_ttl = granted.ID, granted.TTL
             self._valid_until = sent + granted.TTL - self.margin
         if self.revision:
+            key = self._client.get(self._key)
+            if key is None or key.create_revision != self.revision:
+                self.step_down("the leader key was deleted or replaced in etcd")
+                return
             self._lose_if_expired("the lease could not be renewed in time")
             return
         response = self._client.txn(

@@ -28,25 +28,26 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import time
 from typing import Any, AsyncIterator, Protocol
 
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import refusals
-from tensorflow_elastic.rendezvous.errors import RendezvousTimeoutError
+from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
 from tensorflow_elastic.rendezvous.liveness import Liveness, LoopClock, WatchLoss
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
 from tensorflow_elastic.rendezvous.settings import RunSettings
-from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore
+from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore, Snapshot
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
 
 
 # Connection attempts to reported peers that one run makes at once.
 MAX_CONCURRENT_PROBES = 16
+# How often the timers of a replica whose lead ran out look whether it came back.
+_FENCED_RECHECK_S = 0.05
 
 
 class RunObserver(Protocol):
@@ -70,7 +71,9 @@ class Run:
         self._settings = settings
         self._events = events
         self._observer = observer
-        self._committer = GroupCommitter(store, state.run_id, functools.partial(encode, state))
+        self._store = store
+        self._committer = GroupCommitter(store, state.run_id, self._snapshot,
+                                         on_durable=self._publish)
         self._timer_wake = asyncio.Event()
         # Connection attempts to reported peers under way at once, at most: a burst of reports
         # must not exhaust this process's file descriptors (which would fail every probe).
@@ -91,8 +94,12 @@ class Run:
         self._forming_since = now
         self._formed_ticket = 0
         self._last_call_at: float | None = None
-        # Bumped by every commit; a watch sends an update when it moved.
+        # Bumped by every commit.
         self._version = 0
+        # What watchers see: the update of the last durable save, and a count of them.
+        self._published = self.update()
+        self._published_version = 0
+        self._saving: MembershipUpdate | None = None
         self._watch_wake = asyncio.Event()
         self._join_wake = asyncio.Event()
         self._timer: asyncio.Task | None = None
@@ -253,10 +260,10 @@ class Run:
             sent = -1
             while not self._closed:
                 wake = self._watch_wake
-                if self._version != sent:
-                    sent = self._version
-                    yield self.update()
-                    if self._state.phase.ended:
+                if self._published_version != sent:
+                    sent, update = self._published_version, self._published
+                    yield update
+                    if update.state.ended:
                         return
                     continue
                 await wake.wait()
@@ -311,6 +318,7 @@ class Run:
             refusals.check_member(state, node_id, generation, waiting_for=f"{kind} {name!r}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                self._check_leading(f"remove the members missing from {kind} {name!r}")
                 self._remove_missing(kind, name, generation, timeout)
                 continue  # this member now finds its generation ended
             await _wait(gathers.changed(key), remaining)
@@ -516,14 +524,14 @@ class Run:
         self._commit(wakes_joins=True)
 
     def _commit(self, wakes_joins: bool) -> int:
-        """The exit of every state transition: saves the state, wakes the watch streams (and
-        the waiting joins, when the transition can decide them) and tells the observer.
+        """The exit of every state transition: saves the state, wakes the waiting joins (when
+        the transition can decide them) and tells the observer; the watch streams hear of it
+        once it is durable (see _publish).
 
         Returns the save's ticket, for callers that answer only once it is durable.
         """
         ticket = self._save()
         self._version += 1
-        self._watch_wake = _woken(self._watch_wake)
         if wakes_joins:
             self._join_wake = _woken(self._join_wake)
         self._report_membership()
@@ -533,6 +541,27 @@ class Run:
         """Saves a change that no watcher sees (an id given out, a completed gather)."""
         self._note_idleness()
         return self._committer.mark()
+
+    def _snapshot(self) -> Snapshot:
+        """The state to save; the update it holds goes to the watchers once it is durable."""
+        self._saving = self.update()
+        return encode(self._state)
+
+    def _publish(self) -> None:
+        """A save is durable: the watch streams get the update it holds (with a store that
+        keeps nothing, the update now). A replica cut off from its store never gets here, so
+        it tells no one of a change that the next leader will not know."""
+        update, self._saving = self._saving or self.update(), None
+        if update != self._published:
+            self._published = update
+            self._published_version += 1
+            self._watch_wake = _woken(self._watch_wake)
+
+    def _check_leading(self, what: str) -> None:
+        """Raises NotLeaderError when this replica may not decide now (its lead ran out)."""
+        if not self._store.leading:
+            raise NotLeaderError(f"this orchestrator replica's lead ran out; it cannot {what}: "
+                                 f"call the leading replica")
 
     def _note_idleness(self) -> None:
         if not (self._state.phase.ended or not self._state.nodes):
@@ -572,9 +601,19 @@ class Run:
     async def _timer_loop(self) -> None:
         """Failure detector, last call and below-min deadline, sleeping until the next is due."""
         clock = self._clock
+        fenced = False
         while not self._state.phase.ended:
             alive_now = clock.now()
             now = time.monotonic()
+            if not self._store.leading:
+                # A replica whose lead ran out decides nothing: a new leader may already have.
+                fenced = True
+                await asyncio.sleep(_FENCED_RECHECK_S)
+                continue
+            if fenced:  # its refusals kept every node from being heard meanwhile
+                for node_id in self._state.nodes:
+                    self._liveness.touch(node_id, alive_now)
+                fenced = False
             self._on_timers(now, alive_now)
             due = []  # on the loop clock, then on time.monotonic()
             oldest = self._liveness.oldest()

@@ -47,10 +47,11 @@ class Orchestrator:
 
     ``port`` 0 picks a free port; read :attr:`port` after :meth:`start`.
     Without ``state_dir`` the state lives in memory only. With ``store``
-    (``etcd://HOST:PORT[,HOST:PORT][/PREFIX]``) it is one of several replicas:
-    it leads while it holds the etcd leader key (``leader_ttl`` seconds of lease)
-    and stands by otherwise, refusing calls with ``not_leader`` and the leader's
-    address (``advertise``, default HOST:PORT) so that clients go there.
+    (``etcd[s]://HOST:PORT[,HOST:PORT][/PREFIX]``, reached with ``store_access``'s TLS
+    files and user) it is one of several replicas: it leads while it holds the etcd
+    leader key (``leader_ttl`` seconds of lease) and stands by otherwise, refusing
+    calls with ``not_leader`` and the leader's address (``advertise``, default
+    HOST:PORT; required when HOST is every interface) so that clients go there.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, state_dir: str | None = None,
@@ -58,12 +59,16 @@ class Orchestrator:
                  tls_key: str | None = None, metrics_port: int | None = None,
                  metrics_host: str = "127.0.0.1", events_file: str | None = None,
                  settings: RunSettings | None = None, store: str | None = None,
-                 advertise: str | None = None, leader_ttl: int = DEFAULT_TTL_S):
+                 advertise: str | None = None, leader_ttl: int = DEFAULT_TTL_S,
+                 store_access: etcd.EtcdAccess = etcd.EtcdAccess()):
         if (tls_cert is None) != (tls_key is None):
             raise ValueError("TLS needs both a certificate and its key (--tls_cert and --tls_key)")
         if store is not None and state_dir is not None:
             raise ValueError("give either a state directory or an etcd store, not both")
+        if store is not None:
+            check_advertise(host, advertise)
         self._etcd = etcd.parse_url(store) if store is not None else None
+        self._store_access = store_access
         self._advertise = advertise
         self._leader_ttl = leader_ttl
         self.host = host
@@ -207,7 +212,13 @@ class Orchestrator:
         call in flight (the server restarts on the same port), so clients move on at once."""
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
-        client = etcd.EtcdClient(self._etcd.endpoints)
+        client = etcd.EtcdClient(self._etcd.endpoints, tls=self._etcd.tls,
+                                 access=self._store_access)
+        try:
+            await loop.run_in_executor(None, _check_access, client, self._etcd)
+        except OSError:
+            client.close()
+            raise
         gate = _LeaderGate()
         server = await self._start_server(gate)
         election = Election(client, leader_key(self._etcd.prefix),
@@ -241,6 +252,9 @@ class Orchestrator:
                     server = await self._start_server(gate)
         finally:
             stopping.cancel()
+            gate.handler = None
+            if service is not None:
+                service.halt()  # before the lease goes: a successor may lead from then on
             election.stop()
             await self._stop_server(server)
             if service is not None:
@@ -266,6 +280,35 @@ class Orchestrator:
             self._events.record(ev.ORCHESTRATOR_FAILOVER, previous=previous, **fields)
         else:
             self._events.record(ev.LEADER_ELECTED, **fields)
+
+
+def _check_access(client: etcd.EtcdClient, url: etcd.EtcdUrl) -> None:
+    """OSError when etcd refuses this orchestrator (user, password, permissions): a replica
+    that cannot read its prefix would only log failed elections. An etcd that does not answer
+    yet is waited for, as ever."""
+    try:
+        client.get(leader_key(url.prefix))
+    except etcd.EtcdUnavailable:
+        pass
+    except grpc.RpcError as e:
+        raise OSError(f"etcd at {','.join(url.endpoints)} refused this orchestrator "
+                      f"({e.code().name}: {e.details()}); check --etcd_user and its password, "
+                      f"and the user's permissions on {url.prefix}") from None
+
+
+def check_advertise(host: str, advertise: str | None) -> None:
+    """ValueError unless the replica has an address clients can be sent to: the leader key
+    names it, and every interface (0.0.0.0) is nowhere to connect to."""
+    if advertise is None:
+        if net.is_wildcard(host):
+            raise ValueError(f"--host {host} listens on every interface, which is no address "
+                             f"to send clients to: give --advertise HOST:PORT, the address "
+                             f"clients reach this replica at (one of their --rdzv_endpoint)")
+        return
+    advertised_host, _ = net.parse_address(advertise)
+    if net.is_wildcard(advertised_host):
+        raise ValueError(f"--advertise {advertise} is no address to connect to: give this "
+                         f"replica's host name or IP address")
 
 
 class _LeaderGate(grpc.GenericRpcHandler):

@@ -92,6 +92,8 @@ class RendezvousService:
         self._metrics = metrics
         self._runs: dict[str, Run] = {}
         self._encoded: dict[str, _Encoded] = {}
+        # The update every watcher of a run is sent now, encoded once.
+        self._updates: dict[str, tuple[MembershipUpdate, bytes]] = {}
         # Runs being deleted; a new run of the same id waits for its file to go.
         self._deleting: dict[str, asyncio.Task] = {}
         self._watches: collections.Counter[str] = collections.Counter()
@@ -146,6 +148,7 @@ class RendezvousService:
     def _delete(self, run_id: str) -> None:
         run = self._runs.pop(run_id)
         self._encoded.pop(run_id, None)
+        self._updates.pop(run_id, None)
         self._metrics.forget_run(run_id)
 
         async def delete() -> None:
@@ -334,12 +337,18 @@ class RendezvousService:
                 f"(max_watches={settings.max_watches}); try again later")
 
     def _update(self, run: Run, update: MembershipUpdate) -> bytes:
-        encoded = self._encode(run)
-        if encoded.update is None:
-            encoded.update = pb.MembershipUpdate(
-                membership=encoded.membership, state=pb.RunState.Value(update.state),
-                waiting=update.waiting, reason=update.reason).SerializeToString()
-        return encoded.update
+        """``update`` encoded, once for all the run's watchers (it is the run's durable state,
+        which may be older than the state joins are answered from)."""
+        cached = self._updates.get(run.run_id)
+        if cached is None or cached[0] is not update:
+            m = update.membership
+            cached = (update, pb.MembershipUpdate(
+                membership=pb.Membership(generation=m.generation, members=m.members,
+                                         chief_id=m.chief_id),
+                state=pb.RunState.Value(update.state), waiting=update.waiting,
+                reason=update.reason).SerializeToString())
+            self._updates[run.run_id] = cached
+        return cached[1]
 
     @_rpc
     async def ReportFailure(self, request: pb.ReportFailureRequest,
@@ -419,7 +428,6 @@ class _Encoded:
     membership: pb.Membership
     # The membership as field 2 of a JoinResponse; append it to the node id.
     join_tail: bytes
-    update: bytes | None = None
 
 
 def _heartbeat_reply(info: HeartbeatInfo) -> pb.HeartbeatResponse:

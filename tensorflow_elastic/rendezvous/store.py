@@ -8,7 +8,8 @@ the state machine. Membership changes are persisted, heartbeats are not.
 :class:`GroupCommitter` batches saves: any number of changes made while a save
 is running go out together in the next one, so 1,000 nodes joining at once
 cost a handful of fsyncs, and every caller still waits until its change is on
-disk before it is answered.
+disk before it is answered. It says when a save is durable (``on_durable``), so
+that watchers hear only of changes a restart or a new leader will not undo.
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class MembershipStore(abc.ABC):
 
     # False for a store that keeps nothing: then nobody waits for saves.
     persistent = True
+
+    @property
+    def leading(self) -> bool:
+        """Whether this orchestrator may decide now: false for a replica whose lead ran out
+        (its timers must not remove nodes it cannot save the removal of)."""
+        return True
 
     @abc.abstractmethod
     def load(self) -> dict[str, Snapshot]:
@@ -193,10 +200,14 @@ def check_snapshot(snapshot: object) -> Snapshot:
 class GroupCommitter:
     """Saves a run's snapshot after changes, batching changes made during a save."""
 
-    def __init__(self, store: MembershipStore, run_id: str, snapshot: Callable[[], Snapshot]):
+    def __init__(self, store: MembershipStore, run_id: str, snapshot: Callable[[], Snapshot],
+                 on_durable: Callable[[], None] = lambda: None):
+        """``on_durable()`` is called on the loop after every save that succeeded (at once for
+        a store that keeps nothing)."""
         self._store = store
         self._run_id = run_id
         self._snapshot = snapshot
+        self._on_durable = on_durable
         self._changed = 0
         self._durable = 0
         self._writer: asyncio.Task | None = None
@@ -209,6 +220,7 @@ class GroupCommitter:
         self._changed += 1
         if not self._store.persistent:
             self._durable = self._changed
+            self._on_durable()
         elif self._writer is None or self._writer.done():
             self._failed = None
             self._writer = asyncio.get_running_loop().create_task(self._write())
@@ -238,6 +250,7 @@ class GroupCommitter:
                 snapshot = self._snapshot()
                 await loop.run_in_executor(None, self._store.save, self._run_id, snapshot)
                 self._durable = ticket
+                self._on_durable()
                 self._wake()
         except Exception as e:  # noqa: BLE001 - handed to every waiter
             self._failed = e

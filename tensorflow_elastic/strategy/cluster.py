@@ -8,20 +8,30 @@ which would also drop every instantiated function (the next call of a
 training step optimizes and instantiates it again: about 0.5 s for a 100 MB
 transformer, seconds for a ResNet-50), but through the op library's binding
 (`cc/python/collective_server.h`), which keeps them.
+
+The server listens on the process's own address only (`cc/python/bound_server.cc`),
+not on every interface as TensorFlow's own does: it takes no credentials, so it
+must not be reachable on the host's other networks. An address given as a host
+name keeps TensorFlow's every-interface server: a name may resolve here to
+another address (127.0.1.1) than the one the peers reach.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import ipaddress
 from typing import Mapping
 
 from tensorflow.core.protobuf import config_pb2, tensorflow_server_pb2
 from tensorflow.python.eager import context
 from tensorflow.python.training import server_lib
 
+from tensorflow_elastic import net
 from tensorflow_elastic.ops import load_binding
 
 JOB_NAME = "worker"
+# The op library's server that listens on the task's own address (cc/python/bound_server.cc).
+BOUND_PROTOCOL = "grpc+tfe_bound"
 
 
 def task_device(node_id: int) -> str:
@@ -45,7 +55,18 @@ def server_def(members: Mapping[int, str], node_id: int,
     session_config.experimental.collective_group_leader = leader(members)
     cluster = server_lib.ClusterSpec({JOB_NAME: dict(members)}).as_cluster_def()
     return tensorflow_server_pb2.ServerDef(cluster=cluster, job_name=JOB_NAME, task_index=node_id,
-                                           protocol="grpc", default_session_config=session_config)
+                                           protocol=protocol(members[node_id]),
+                                           default_session_config=session_config)
+
+
+def protocol(address: str) -> str:
+    """The server for a task at ``address``: one bound to it when it is an IP address."""
+    host, _ = net.parse_address(address, allow_port_zero=True)
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "grpc"
+    return BOUND_PROTOCOL
 
 
 def configure(node_id: int) -> None:
@@ -68,9 +89,10 @@ def configure(node_id: int) -> None:
 def start(members: Mapping[int, str], node_id: int) -> None:
     """Starts this process's server for its first generation (or its standby cluster of one)."""
     ctx = context.context()
+    binding = load_binding()  # before the server: the library registers the bound one
     ctx.enable_collective_ops(server_def(members, node_id))
     ctx.ensure_initialized()
-    load_binding().forward_collectives(ctx._handle)
+    binding.forward_collectives(ctx._handle)
 
 
 def update(members: Mapping[int, str], node_id: int) -> None:

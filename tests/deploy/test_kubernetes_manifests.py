@@ -159,3 +159,44 @@ def test_the_job_form_completes_its_pods_and_scales_within_the_bounds(resource):
     statefulset = resource("StatefulSet", "tfelastic-worker")
     assert (job["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"]
             != statefulset["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"])
+
+
+def _pod_labels(workload: dict) -> dict[str, str]:
+    return workload["spec"]["template"]["metadata"]["labels"]
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    return selector["matchLabels"].items() <= labels.items()
+
+
+def test_only_the_job_s_pods_reach_the_workers_tensorflow_servers(resource):
+    """The TensorFlow servers take no token: their port is open to the job's pods alone."""
+    workers = resource("StatefulSet", "tfelastic-worker")
+    orchestrator = resource("Deployment", "tfelastic-orchestrator")
+    policy = resource("NetworkPolicy", "tfelastic-worker")
+    assert _selects(policy["spec"]["podSelector"], _pod_labels(workers))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    args = launcher.build_parser().parse_args(expand(container(workers)["args"],
+                                                     {"POD_IP": "10.0.0.7"}))
+    assert [p["port"] for p in rule["ports"]] == [int(args.address.rpartition(":")[2])]
+    sources = [peer["podSelector"] for peer in rule["from"]]
+    assert all(set(peer) == {"podSelector"} for peer in rule["from"])  # no namespace, no CIDR
+    assert any(_selects(s, _pod_labels(workers)) for s in sources)
+    assert any(_selects(s, _pod_labels(orchestrator)) for s in sources)  # its probes
+    assert not any(_selects(s, {"app.kubernetes.io/name": "other"}) for s in sources)
+
+
+def test_the_orchestrator_s_port_is_for_the_job_s_pods_and_its_metrics_for_monitoring(resource):
+    workers = resource("StatefulSet", "tfelastic-worker")
+    deployment = resource("Deployment", "tfelastic-orchestrator")
+    policy = resource("NetworkPolicy", "tfelastic-orchestrator")
+    assert _selects(policy["spec"]["podSelector"], _pod_labels(deployment))
+    args = orchestrator_cli.build_parser().parse_args(container(deployment)["args"])
+    by_port = {p["port"]: rule["from"] for rule in policy["spec"]["ingress"]
+               for p in rule["ports"]}
+    assert set(by_port) == {args.port, args.metrics_port}
+    (job_pods,) = by_port[args.port]
+    assert _selects(job_pods["podSelector"], _pod_labels(workers))
+    (monitoring,) = by_port[args.metrics_port]
+    assert set(monitoring) == {"namespaceSelector"}

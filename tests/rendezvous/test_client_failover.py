@@ -3,6 +3,7 @@ does not answer, and gives up with a clear error after its retry time (one proce
 
 from __future__ import annotations
 
+import socket
 import time
 from concurrent import futures
 
@@ -60,12 +61,30 @@ def test_split_endpoints():
 
 
 def test_a_standby_sends_the_client_to_the_leader(standby, leader):
-    with Client(standby.endpoint, "job", retry_timeout=10) as client:
+    with Client(f"{standby.endpoint},{leader.endpoint}", "job", retry_timeout=10) as client:
         assert client.register("127.0.0.1:5000", 1, 2) == 0
         assert client.current_endpoint == leader.endpoint
         assert standby.calls == 1
         client.status()
         assert standby.calls == 1  # later calls go straight to the leader
+
+
+def test_a_leader_that_is_not_listed_is_not_followed(standby):
+    """The leader's name comes from etcd: a name that is not one of the client's replicas
+    (written by whoever can write to etcd) must not get the client's calls and token."""
+    elsewhere = socket.create_server(("127.0.0.1", 0))
+    elsewhere.settimeout(0.1)
+    standby.leader = f"127.0.0.1:{elsewhere.getsockname()[1]}"
+    try:
+        with Client(standby.endpoint, "job", token="secret", retry_timeout=1.0) as client:
+            with pytest.raises(OrchestratorUnreachableError):
+                client.status()
+            assert client.current_endpoint == standby.endpoint
+        assert standby.calls >= 2  # it kept asking its own replica
+        with pytest.raises(socket.timeout):
+            elsewhere.accept()  # nobody ever connected to the named leader
+    finally:
+        elsewhere.close()
 
 
 def test_a_replica_that_does_not_answer_is_skipped(leader):

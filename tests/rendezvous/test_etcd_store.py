@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import signal
 import socket
 import threading
 import time
 
+import grpc
 import pytest
 
-from tensorflow_elastic.rendezvous import cli, etcd
-from tensorflow_elastic.rendezvous.errors import NotLeaderError
+from tensorflow_elastic.rendezvous import cli, etcd, etcd_store
+from tensorflow_elastic.rendezvous.errors import NotLeaderError, StoreLimitError
 from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
 from tests.conftest import wait_until
@@ -37,7 +40,8 @@ def test_url_parsing():
     url = etcd.parse_url("etcd://10.0.0.1:2379,10.0.0.2:2379/jobs/a")
     assert url.endpoints == ("10.0.0.1:2379", "10.0.0.2:2379") and url.prefix == "/jobs/a"
     assert etcd.parse_url("etcd://h:1").prefix == etcd.DEFAULT_PREFIX
-    for bad in ("h:1", "etcd://", "etcd://host", "etcd://h:x/p"):
+    assert etcd.parse_url("etcds://h:1/p").tls and not etcd.parse_url("etcd://h:1/p").tls
+    for bad in ("h:1", "etcd://", "etcd://host", "etcd://h:x/p", "https://h:1"):
         with pytest.raises(ValueError, match="etcd"):
             etcd.parse_url(bad)
     assert etcd.prefix_end(b"/a") == b"/b" and etcd.prefix_end(b"a\xff") == b"b"
@@ -196,8 +200,149 @@ def test_a_replica_partitioned_from_etcd_stops_leading_before_another_starts(etc
     (["--store", "etcd://x"], "is not HOST:PORT"),
     (["--store", "etcd://h:1", "--state_dir", "d"], "exclude each other"),
     (["--store", "etcd://h:1", "--leader_ttl", "0"], "--leader_ttl"),
+    (["--store", "etcd://h:1", "--host", "0.0.0.0", "--insecure"], "give --advertise"),
+    (["--store", "etcd://h:1", "--advertise", "0.0.0.0:29400"], "no address to connect to"),
+    (["--store", "etcd://h:1", "--etcd_ca", "ca.pem"], "etcds://"),
+    (["--store", "etcds://h:1", "--etcd_cert", "c.pem"], "go together"),
+    (["--store", "etcd://h:1", "--etcd_user", "tfe"], "needs its password"),
+    (["--etcd_user", "tfe"], "need an etcd store"),
 ])
 def test_bad_store_flags_are_refused(flags, message, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--port", "0", *flags])
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ sizes (etcd's limits)
+
+def _big_snapshot(run_id: str, size: int) -> dict:
+    """A snapshot holding ``size`` bytes of exchanged values that do not compress."""
+    return {"run_id": run_id, "format": 1,
+            "gathered": {"synchronize/state": {"0": base64.b64encode(os.urandom(size)).decode()}}}
+
+
+def test_a_snapshot_over_etcd_s_request_limit_is_saved_in_parts(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    conflicts = []
+    store = EtcdStore(client, PREFIX, election, on_conflict=conflicts.append)
+    big = _big_snapshot("job", 3 * 2**20)  # twice etcd's 1.5 MiB request limit
+    store.save("job", big)
+    store.save("job", dict(big, next_id=2))  # replaces the parts of the first save
+    assert EtcdStore(client, PREFIX, election).load() == {"job": dict(big, next_id=2)}
+    parts = f"{PREFIX}/parts/".encode()
+    part_sets = {kv.key.rsplit(b"/", 2)[1] for kv in client.scan(parts, keys_only=True)}
+    assert len(part_sets) == 1, part_sets  # the first save's parts went with its head
+    store.save("job", {"run_id": "job", "next_id": 3})  # small again: a whole value
+    assert not list(client.scan(parts, keys_only=True))
+    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 3}}
+    assert not conflicts and election.leading
+    election.stop()
+
+
+def test_parts_no_head_names_are_dropped_at_the_next_load(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    store = EtcdStore(client, PREFIX, election)
+    store.save("job", _big_snapshot("job", 2**20))
+    parts = f"{PREFIX}/parts/".encode()
+    named = [kv.key for kv in client.scan(parts, keys_only=True)]
+    orphan = f"{PREFIX}/parts/{'0' * 64}/cut-short/000000".encode()  # a save cut short
+    client.txn([], [etcd.put(orphan, b"x")])
+    assert set(EtcdStore(client, PREFIX, election).load()) == {"job"}
+    assert [kv.key for kv in client.scan(parts, keys_only=True)] == named
+    election.stop()
+
+
+def test_a_request_over_etcd_s_limit_is_a_store_limit_error_not_a_lost_lead(client,
+                                                                            monkeypatch):
+    with pytest.raises(etcd.EtcdRequestTooLarge, match="too large"):
+        client.txn([], [etcd.put(b"/test/huge", b"x" * (2 * 2**20))])
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    conflicts = []
+    store = EtcdStore(client, PREFIX, election, on_conflict=conflicts.append)
+    # Parts over etcd's 1.5 MiB request limit, under its gRPC limit: etcd answers INVALID_ARGUMENT.
+    monkeypatch.setattr(etcd_store, "PART_BYTES", 1_800_000)
+    with pytest.raises(StoreLimitError, match="too large"):
+        store.save("job", _big_snapshot("job", 3 * 2**20))
+    assert not conflicts and election.leading  # neither unavailable nor a lost lead
+    election.stop()
+
+
+def test_runs_over_the_receive_limit_load_page_by_page(client):
+    """Six runs of 1 MiB each (as a store without parts wrote them): one answer would pass
+    gRPC's 4 MiB receive limit and no replica taking the lead could serve."""
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    store = EtcdStore(client, PREFIX, election)
+    runs = {f"run-{i}": _big_snapshot(f"run-{i}", 768 * 1024) for i in range(6)}
+    for run_id, snapshot in runs.items():
+        client.txn([], [etcd.put(store._key(run_id), json.dumps(snapshot).encode())])
+    assert store.load() == runs
+    election.stop()
+
+
+# ------------------------------------------------------------- transactions and the lead
+
+class _AnswerLost:
+    """etcd's KV stub whose first transaction is applied but answered DEADLINE_EXCEEDED."""
+
+    def __init__(self, stub):
+        self._stub = stub
+        self.lost = 0
+
+    def __getattr__(self, name):
+        return getattr(self._stub, name)
+
+    def Txn(self, request, **kwargs):  # noqa: N802 - the stub's method name
+        response = self._stub.Txn(request, **kwargs)
+        if not self.lost:
+            self.lost += 1
+            raise _DeadlineExceeded()
+        return response
+
+
+class _DeadlineExceeded(grpc.RpcError):
+    def code(self):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def details(self):
+        return "Deadline Exceeded"
+
+
+def test_a_transaction_applied_before_its_answer_was_lost_is_no_conflict(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    conflicts = []
+    store = EtcdStore(client, PREFIX, election, on_conflict=conflicts.append)
+    store.save("job", {"run_id": "job", "next_id": 1})
+    lossy = client._kv[0] = _AnswerLost(client._kv[0])
+    store.save("job", {"run_id": "job", "next_id": 2})  # applied, then sent again
+    assert lossy.lost == 1 and not conflicts and election.leading
+    store.save("job", {"run_id": "job", "next_id": 3})  # the revision it read back is right
+    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 3}}
+    election.stop()
+
+
+def test_a_deleted_leader_key_ends_the_lead(client):
+    election, changed = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    changed.clear()
+    client.txn([], [etcd.delete(leader_key(PREFIX))])
+    assert changed.wait(5), "the leader did not notice"
+    assert "deleted" in election.lost_cause
+    election.stop()
+
+
+def test_a_head_naming_parts_of_another_run_is_set_aside(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    store = EtcdStore(client, PREFIX, election)
+    store.save("victim", _big_snapshot("victim", 2**20))
+    parts = store._part_sets["victim"].decode()
+    head = {"run_id": "forged", "parts": {"prefix": parts, "count": 6, "sha256": "0"}}
+    client.txn([], [etcd.put(store._key("forged"), json.dumps(head).encode())])
+    assert set(EtcdStore(client, PREFIX, election).load()) == {"victim"}
+    assert client.get(store._key("forged")) is None  # moved to PREFIX/corrupt/
+    election.stop()
