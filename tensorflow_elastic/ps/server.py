@@ -87,7 +87,7 @@ class ParameterServer:
         self.registry = WorkerRegistry(lease_timeout)
         self.master = Master(config, self._apply, on_event=self._on_master_event)
         self.stopping = threading.Event()
-        self._events = EventLog(events_file, source="ps")
+        self._events = EventLog(events_file, source=events.PS_SOURCE)
         self._checkpointer = (Checkpointer(checkpoint_dir, self.parameters.variables, optimizer)
                               if checkpoint_dir else None)
         self._checkpoint_every = checkpoint_every
@@ -274,7 +274,8 @@ class ParameterServer:
             self._on_update(version)
         if version % self._step_events_every == 0:
             self._record(events.STEP, version=version, step=version,
-                         loss=self.master.stats().get("last_loss"))
+                         loss=self.master.stats().get("last_loss"),
+                         workers=len(self.registry.live()))
 
     # --------------------------------------------------------------- checkpoints
 
