@@ -7,7 +7,8 @@ weights; worker 0 is a straggler (--slowdown times slower). The PS evaluates
 the model on a fixed held-out set after every update. With the churn
 scenario each policy runs once more while one more worker joins
 --join_after seconds after the start and worker 1 leaves (SIGTERM, as a
-preemption) --leave_after seconds after it. Reported per policy and
+preemption) --leave_after seconds after it; the table gives the parameter
+versions at which they did. Reported per policy and
 scenario: the parameter version (iterations of the PS) and the seconds from
 the common start (every worker has built and traced its model, then all
 start at once) to the target loss (--target_fraction of the initial
@@ -109,7 +110,20 @@ def run_policy(policy: str, args: argparse.Namespace, workdir: str, churn: bool)
     finish(workers, 30.0)
     with open(out) as f:
         result = json.load(f)
-    return {"t0": t0, **result}
+    return {"t0": t0, "membership": membership(events_file), **result}
+
+
+def membership(events_file: str) -> dict[str, list[int]]:
+    """The parameter versions at which workers joined after the start and left before the
+    end (a leave the worker asked for), from the PS's events."""
+    changes: dict[str, list[int]] = {"joined_at": [], "left_at": []}
+    with open(events_file) as f:
+        for entry in map(json.loads, f):
+            if entry["event"] == "node_joined" and entry["version"] > 0:
+                changes["joined_at"].append(entry["version"])
+            elif entry["event"] == "node_left" and entry.get("reason") == "stop requested":
+                changes["left_at"].append(entry["version"])
+    return changes
 
 
 def summarize(run: dict, target: float) -> dict:
@@ -133,6 +147,7 @@ def summarize(run: dict, target: float) -> dict:
         "accepted": run["stats"]["accepted"],
         "rejected": run["stats"]["rejected_total"],
         "peak_workers": run["stats"]["peak_workers"],
+        **run["membership"],
     }
 
 
@@ -179,13 +194,19 @@ def print_table(target: float, initial: float, args: argparse.Namespace,
                 tables: dict[str, dict[str, dict]]) -> None:
     print(f"target loss {target:.4g} (initial {initial:.4g} x {args.target_fraction})")
     print(f"{'scenario':9} {'policy':9} {'iters to target':>15} {'s to target':>11} "
-          f"{'updates/s':>9} {'stale med':>9} {'stale p95':>9} {'final loss':>10}")
+          f"{'updates/s':>9} {'stale med':>9} {'stale p95':>9} {'final loss':>10} "
+          f"{'joined at':>9} {'left at':>9}")
     for scenario, table in tables.items():
         for policy, row in table.items():
             print(f"{scenario:9} {policy:9} {str(row['iterations_to_target']):>15} "
                   f"{str(row['time_to_target_s']):>11} {row['updates_per_s']:>9} "
                   f"{str(row['staleness_median']):>9} {str(row['staleness_p95']):>9} "
-                  f"{row['final_loss']:>10}")
+                  f"{row['final_loss']:>10} {_versions(row['joined_at']):>9} "
+                  f"{_versions(row['left_at']):>9}")
+
+
+def _versions(versions: list[int]) -> str:
+    return ",".join(map(str, versions)) or "-"
 
 
 def main() -> None:
@@ -201,9 +222,9 @@ def main() -> None:
                    help="target loss as a fraction of the initial held-out loss")
     p.add_argument("--churn", action="store_true",
                    help="run each policy once more while a worker joins and another leaves")
-    p.add_argument("--join_after", type=float, default=1.0,
+    p.add_argument("--join_after", type=float, default=0.5,
                    help="with --churn: seconds after the start at which one more worker joins")
-    p.add_argument("--leave_after", type=float, default=2.0,
+    p.add_argument("--leave_after", type=float, default=1.0,
                    help="with --churn: seconds after the start at which worker 1 leaves")
     p.add_argument("--params", type=int, default=1_000_000, help="model size for the ingest rate")
     p.add_argument("--pushers", type=int, default=4)

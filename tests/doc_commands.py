@@ -23,6 +23,8 @@ import shlex
 import shutil
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# How long a documented job of the project's examples may take, from its start to its end.
+JOB_S = 240.0
 SHELL_LANGUAGES = frozenset({"bash", "sh", "shell", "console", "zsh"})
 # An unlabelled block is a command block when one of its lines starts with a program.
 _UNLABELLED = frozenset({"", "text"})

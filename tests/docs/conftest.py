@@ -9,12 +9,13 @@ writes (a token, events.jsonl, timeline.png) stay in the test's directory.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import Callable
 
 import pytest
 
-from tests.doc_commands import ENTRY_POINTS, REPO_ROOT, substitute
+from tests.doc_commands import ENTRY_POINTS, JOB_S, REPO_ROOT, substitute
 from tests.launch.conftest import Proc, port, start  # noqa: F401 - the launcher tests' fixtures
 
 _NOT_LINKED = {".git", ".venv", "__pycache__"}
@@ -43,5 +44,24 @@ def shell(start, tmp_path, monkeypatch) -> Callable[..., Proc]:
     def run(command: str, placeholders: dict[str, str] | None = None) -> Proc:
         text = substitute(command, placeholders or {})
         return start(module="", wrap=lambda argv: ["bash", "-c", text])
+
+    return run
+
+
+@pytest.fixture
+def two_machines(shell) -> Callable[..., None]:
+    """two_machines(launcher, status, placeholders): the documented launcher command on two
+    machines (here both on this one), the documented status while they train (it answers
+    with the generation), and both to the job's end."""
+
+    def run(launcher: str, status: str, placeholders: dict[str, str]) -> None:
+        machines = [shell(launcher, placeholders) for _ in range(2)]
+        for machine in machines:
+            machine.wait_for(r"\[agent\] worker 0 started")
+        look = shell(status, placeholders)
+        assert look.wait() == 0, look.tail()
+        assert re.search(r"generation \d+", look.output), look.output
+        for machine in machines:
+            assert machine.wait(JOB_S) == 0, machine.tail()
 
     return run

@@ -4,18 +4,14 @@ launchers that get both, and the status from both."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
 
 from tests.doc_commands import registered
 
 pytestmark = pytest.mark.multiprocess
 
-JOB_S = 240.0
 
-
-def test_two_replicas_on_etcd(shell, port, tmp_path, etcd_server):
+def test_two_replicas_on_etcd(shell, two_machines, port, tmp_path, etcd_server):
     # etcd itself: the etcd_server fixture, with its own data directory and ports for "...".
     _etcd, replica, launcher, status = registered("test_two_replicas_on_etcd")
     token = tmp_path / "token"
@@ -28,11 +24,4 @@ def test_two_replicas_on_etcd(shell, port, tmp_path, etcd_server):
         server.wait_for(r"listening on")
     endpoints = {**shared, "orch1:29400": f"127.0.0.1:{ports[0]}",
                  "orch2:29400": f"127.0.0.1:{ports[1]}"}
-    machines = [shell(launcher, endpoints) for _ in range(2)]
-    for machine in machines:
-        machine.wait_for(r"\[agent\] worker 0 started")
-    look = shell(status, endpoints)
-    assert look.wait() == 0, look.tail()
-    assert re.search(r"generation \d+", look.output), look.output
-    for machine in machines:
-        assert machine.wait(JOB_S) == 0, machine.tail()
+    two_machines(launcher, status, endpoints)

@@ -8,11 +8,9 @@ import signal
 
 import pytest
 
-from tests.doc_commands import registered
+from tests.doc_commands import JOB_S, registered
 
 pytestmark = pytest.mark.multiprocess
-
-JOB_S = 240.0
 
 
 def test_a_secured_orchestrator(shell, port, tmp_path):

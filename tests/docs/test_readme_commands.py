@@ -9,11 +9,10 @@ import signal
 
 import pytest
 
-from tests.doc_commands import registered
+from tests.doc_commands import JOB_S, registered
 
 pytestmark = pytest.mark.multiprocess
 
-JOB_S = 240.0
 # The user's script in the README: the project's own custom loop takes its place.
 SCRIPT = {"train.py": "examples/custom_loop.py"}
 
@@ -41,18 +40,11 @@ def test_one_machine(shell, tmp_path):
     assert (tmp_path / "timeline.png").stat().st_size > 0
 
 
-def test_a_shared_orchestrator(shell, port, tmp_path):
+def test_a_shared_orchestrator(shell, two_machines, port, tmp_path):
     token, orchestrator, launcher, status = registered("test_a_shared_orchestrator")
     assert shell(token).wait() == 0
     assert re.fullmatch(r"[0-9a-f]{64}\n", (tmp_path / "token").read_text())
     placeholders = {"29400": str(port()), "HOST": "127.0.0.1", **SCRIPT}
     server = shell(orchestrator, placeholders)
     server.wait_for(r"listening on")
-    machines = [shell(launcher, placeholders) for _ in range(2)]
-    for machine in machines:
-        machine.wait_for(r"\[agent\] worker 1 started")
-    look = shell(status, placeholders)
-    assert look.wait() == 0, look.tail()
-    assert re.search(r"generation \d+", look.output), look.output
-    for machine in machines:
-        assert machine.wait(JOB_S) == 0, machine.tail()
+    two_machines(launcher, status, placeholders)
