@@ -1,9 +1,12 @@
 """Chaos benchmark: N faults at random points of a realistic elastic loop, and what each one cost.
 
 One job: `tfelastic-run --standalone --nworkers 2:3 --nproc_per_node 3
---max_restarts <large>` runs benchmarks/chaos_worker.py (the documented elastic
-input, a commit every step, --compute_ms of CPU work between steps). Killed
-workers come back through the launcher as new nodes. Faults, in a seeded
+--max_restarts <large>` runs benchmarks/chaos_worker.py with one of the loops
+of benchmarks/chaos_workloads.py (--workload: a custom loop with one
+collective a step and --compute_ms of CPU work between steps; one with three
+collectives a step and Python between steps; Keras `fit`; a CNN with
+BatchNorm and dropout under `fit`), a commit every step. Killed workers come
+back through the launcher as new nodes. Faults, in a seeded
 random order:
 
 * kill_step / kill_chief_step: SIGKILL of a member (or the chief) at a random
@@ -30,7 +33,7 @@ lost steps (completed steps done again, plus the step in flight when a member
 rolled back). At the end the workers train to a common step; every element id
 must have been trained on exactly once (a histogram summed in the step's own
 all-reduce) and the weights must equal a single-process replay of the same
-global batches.
+global batches (chaos_worker.py --replay: the same workload in one plain process).
 
 Prints one line per fault, a table, and as its last line the JSON summary
 {"faults", "recovery_p50_s", "recovery_p90_s", "recovery_max_s",
@@ -62,8 +65,9 @@ KILL_KINDS = ("kill_step", "kill_chief_step", "kill_commit", "kill_sync_join", "
 HEARTBEAT_TIMEOUT_S = RunSettings().heartbeat_timeout  # the embedded orchestrator's default
 WAIT_S = 180.0
 ORCHESTRATOR_PORT = 29400  # on its own network namespace: no other process there
-FEATURES = 8
-LEARNING_RATE = 0.05
+# How close the job's weights must be to the replay's: float64 throughout; the Keras workloads
+# sum more terms a step (batch statistics, several layers), in another order than one process.
+REPLAY_RTOL = {"linear": 1e-9, "multi": 1e-9, "keras": 1e-7, "cnn": 1e-7}
 
 
 @dataclasses.dataclass
@@ -89,7 +93,8 @@ class ChaosJob(Job):
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))
         self.hosts = hosts
         self.cuts: dict[int, int] = {}  # host -> times its link went down
-        worker = [WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
+        worker = [WORKER, "--control", self.control, "--workload", args.workload,
+                  "--global_batch", str(args.global_batch),
                   "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
                   *(["--trace"] if args.trace else [])]
         launch = [sys.executable, "-m", "tensorflow_elastic.distributed.launch",
@@ -329,21 +334,13 @@ def trace(job: ChaosJob, fault: Fault) -> str:
     return "\n".join(lines)
 
 
-def replay(steps: int, global_batch: int, bins: int):
-    """Weights and id histogram of one process applying the same global batches."""
-    import numpy as np
-
-    k = np.arange(1, FEATURES // 2 + 1, dtype=np.float64)
-    true = np.linspace(-1.0, 1.0, FEATURES)
-    w = np.zeros(FEATURES)
-    for step in range(steps):
-        i = np.arange(step * global_batch, (step + 1) * global_batch, dtype=np.float64)
-        angles = i[:, None] * k[None, :] * 0.37
-        x = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
-        grad = 2 * x.T @ (x @ w - x @ true) / global_batch
-        w = w - LEARNING_RATE * grad
-    counts = np.bincount(np.arange(steps * global_batch) % bins, minlength=bins)
-    return w, counts
+def replay(args: argparse.Namespace, steps: int) -> dict:
+    """The done line of one plain process training the workload on the same global batches."""
+    out = subprocess.run([sys.executable, WORKER, "--workload", args.workload, "--replay",
+                          str(steps), "--global_batch", str(args.global_batch), "--bins",
+                          str(args.bins)], capture_output=True, text=True, timeout=600,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def plan(faults: int, stalls: int, rng: random.Random) -> list[str]:
@@ -420,16 +417,17 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
              fail=False)
     finally:
         job.close()
-    weights, counts = replay(target, args.global_batch, args.bins)
+    expected = replay(args, target)
     finished = set(r["node"] for r in finals) >= members
-    histogram = all(r["counts"] == counts.tolist() for r in finals)
+    histogram = all(r["counts"] == expected["counts"] for r in finals)
     print(f"finished at step {target}: nodes {sorted(r['node'] for r in finals)} (steps "
           f"{sorted(r['step'] for r in finals)}), nodes that trained the last step "
           f"{sorted(members)}, id histogram {'as replayed' if histogram else 'DIFFERS'}",
           flush=True)
-    exactly_once = finished and all(r["step"] == target and r["counts"] == counts.tolist()
+    exactly_once = finished and all(r["step"] == target and r["counts"] == expected["counts"]
                                     for r in finals)
-    equal = finished and all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12)
+    equal = finished and all(np.allclose(r["weights"], expected["weights"],
+                                         rtol=REPLAY_RTOL[args.workload], atol=1e-12)
                              for r in finals)
     resources = [r for r in job.records() if "resources" in r]
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
@@ -489,10 +487,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stalls", type=int, default=2,
                         help="of the faults, SIGSTOPs past the heartbeat timeout (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="the faults' random order and offsets")
+    parser.add_argument("--workload", choices=sorted(REPLAY_RTOL), default="linear",
+                        help="the training loop (benchmarks/chaos_workloads.py; default linear)")
     parser.add_argument("--global_batch", type=int, default=12)
     parser.add_argument("--bins", type=int, default=1024, help="histogram bins of element ids")
     parser.add_argument("--compute_ms", type=float, default=10.0,
-                        help="CPU work between steps (default 10 ms)")
+                        help="CPU work between steps of the linear workload (default 10 ms)")
     parser.add_argument("--monitor_interval", type=float, default=1.0,
                         help="the launcher's --monitor_interval (default 1.0, its default)")
     parser.add_argument("--soak", action="store_true",
@@ -551,6 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"steps {result['steps']}, {result['step_s'] * 1e3:.1f} ms/step before the faults, "
           f"launcher exit codes {result['launcher_codes']}, hangs {result['hangs']}")
     summary = {
+        "workload": args.workload,
         "faults": len(faults),
         "recovery_p50_s": round(statistics.median(recovery), 4),
         "recovery_p90_s": round(nearest_rank_percentile(recovery, 90), 4),

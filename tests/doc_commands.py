@@ -84,7 +84,6 @@ class Block:
 
 def is_program(word: str) -> bool:
     """Whether a line's first word runs something (a console script, a path, a program)."""
-    word = word.removeprefix("$")
     return (word.removeprefix(".venv/bin/") in ENTRY_POINTS or word.startswith(("./", ".venv/"))
             or word.endswith((".py", ".sh")) or shutil.which(word) is not None)
 
