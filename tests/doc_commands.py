@@ -226,6 +226,7 @@ _README = "tests/docs/test_readme_commands.py::"
 _CHECKS = "tests/docs/test_command_register.py::test_what_cannot_run_here_is_checked"
 _ORCHESTRATOR = "tests/docs/test_orchestrator_commands.py::test_a_secured_orchestrator"
 _HA = "tests/docs/test_ha_commands.py::test_two_replicas_on_etcd"
+_QUICKSTART = "tests/docs/test_quickstart_commands.py::test_the_quickstart"
 _PS = ("tests/launch/test_ps_example.py::"
        "test_the_documented_example_converges_with_every_policy")
 _KUBERNETES = "needs a Kubernetes cluster (kubectl talks to its API server)"
@@ -255,10 +256,12 @@ REGISTER: dict[str, Runs | NotRunnableHere] = {
         Runs(_README + "test_a_shared_orchestrator"),
     ".venv/bin/tfelastic status --events_file events.jsonl --watch":
         Runs(_README + "test_one_machine"),
-    ".venv/bin/tfelastic plot events.jsonl -o timeline.png": Runs(_README + "test_one_machine"),
-    # docs/elastic_input.md
-    ".venv/bin/python benchmarks/elastic_input.py --runs 5": NotRunnableHere(
-        "a benchmark (minutes, alone on the machine); the suite runs no benchmark", _CHECKS),
+    ".venv/bin/tfelastic plot events.jsonl -o timeline.png": Runs(  # also docs/quickstart.md
+        _README + "test_one_machine"),
+    # docs/quickstart.md (its plot command is README.md's, above)
+    ".venv/bin/tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 --events_file "
+    "events.jsonl examples/keras_fit.py --epochs 3": Runs(_QUICKSTART),
+    ".venv/bin/tfelastic status --events_file events.jsonl": Runs(_QUICKSTART),
     # docs/ha.md
     "etcd --data-dir /var/lib/etcd ...": Runs(
         _HA, note="'...' stands for etcd's own flags: the etcd_server fixture gives them"),
