@@ -33,9 +33,6 @@ LEADER_ELECTED = "leader_elected"
 ORCHESTRATOR_FAILOVER = "orchestrator_failover"
 LEADER_LOST = "leader_lost"
 
-# The source of a parameter server's events: its steps are parameter versions.
-PS_SOURCE = "ps"
-
 
 class EventLog:
     """Appends events to one JSON-lines file; a no-op when no path is given."""

@@ -14,6 +14,10 @@ import time
 
 from tensorflow_elastic.observability import events
 
+# The source of a parameter server's events (it records under it): its steps are parameter
+# versions.
+PS_SOURCE = "ps"
+
 
 class ProgressTracker:
     """Reads new `step` events of an events file and summarizes them in one line."""
@@ -44,7 +48,7 @@ class ProgressTracker:
             if entry.get("event") == events.STEP and isinstance(entry.get("step"), int) \
                     and entry["step"] >= (self._step or 0):
                 self._step = entry["step"]
-                self._from_ps = entry.get("source") == events.PS_SOURCE
+                self._from_ps = entry.get("source") == PS_SOURCE
                 self._world = entry.get("workers" if self._from_ps else "world_size",
                                         self._world)
 

@@ -7,8 +7,9 @@ import sys
 import time
 
 from tensorflow_elastic.observability import events
+from tensorflow_elastic.observability.progress import PS_SOURCE
 
-log = events.EventLog(source=events.PS_SOURCE)
+log = events.EventLog(source=PS_SOURCE)
 print(f"listening on {os.environ['TFE_PS_ADDRESS']}", flush=True)
 for version in (10, 20, 30, 40):
     log.record(events.STEP, version=version, step=version, loss=1.0, workers=3)
