@@ -38,13 +38,6 @@ ENTRY_POINTS = {
     "tfelastic-orchestrator": "tensorflow_elastic.rendezvous",
     "tensorflowrun": "tensorflow_elastic.launch.tensorflowrun",
 }
-# The module whose build_parser() is each console script's argparse.
-PARSERS = {
-    "tfelastic-run": "tensorflow_elastic.launch.launcher",
-    "tfelastic": "tensorflow_elastic.cli",
-    "tfelastic-orchestrator": "tensorflow_elastic.rendezvous.cli",
-    "tensorflowrun": "tensorflow_elastic.launch.tensorflowrun",
-}
 # Shell words after which the next word is a program again.
 _SEPARATORS = frozenset({"&&", "||", ";", "|", "exec", "--", "then", "do"})
 

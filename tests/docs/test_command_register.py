@@ -5,7 +5,6 @@ its file and line, until the register (tests/doc_commands.py) says which test ru
 from __future__ import annotations
 
 import ast
-import importlib
 import importlib.util
 import os
 import re
@@ -15,9 +14,10 @@ import sys
 
 import pytest
 
-from tests.doc_commands import (NOT_COMMANDS, PARSERS, REGISTER, REPO_ROOT, NotRunnableHere,
-                                Runs, blocks, command_blocks, console_script_calls,
+from tests.doc_commands import (NOT_COMMANDS, REGISTER, REPO_ROOT, NotRunnableHere, Runs,
+                                blocks, command_blocks, console_script_calls,
                                 documented_commands, substitute)
+from tests.docs.commands import PARSERS
 
 # What the not-runnable commands' placeholders stand for on this machine.
 PLACEHOLDERS = {"/path/to/tensorflow_elastic": REPO_ROOT}
@@ -82,8 +82,8 @@ def test_what_cannot_run_here_is_checked(command):
     assert check.returncode == 0, check.stderr
     # Each console script's flags parse with its own argparse.
     for script, args in console_script_calls(command):
-        parser = importlib.import_module(PARSERS[script]).build_parser()
-        parser.parse_args(args)
+        build, _ = PARSERS[script]
+        build().parse_args(args)
     # Every module it runs with python -m exists; every file of the checkout it names is there.
     for module in re.findall(r"python3? -m ([\w.]+)", command):
         assert importlib.util.find_spec(module) is not None, module
