@@ -293,6 +293,50 @@ def slow_down(job: ChaosJob, kind: str, rng: random.Random) -> dict:
             "generation_changed": job.current()["generation"] != gen["generation"]}
 
 
+NET_FAULT_S = 20.0  # how long a packet loss, delay or partition lasts
+ORCHESTRATOR_CUT_S = 10.0
+NET_FAULTS = ("loss", "delay", "partition", "orchestrator_cut")
+
+
+def network_fault(job: ChaosJob, kind: str) -> dict:
+    """A degraded network on the namespaces' job: 5 % packet loss or a 200 ms delay on one worker
+    host, an asymmetric partition (one worker host loses every packet to and from another, both
+    still reach the orchestrator), or the orchestrator's host cut off from every worker. Returns
+    {"kind", "seconds", "removals", "generations", "steps"} over the fault and 5 s after it
+    (removals: failures detected; steps: steps the chief completed), or {"kind", "skipped"}."""
+    from tools.netns import FaultUnavailable
+
+    gen = wait(job, lambda: (lambda g: g if len(g["members"]) >= 3 and job.stepping(
+        g["generation"], g["members"], 5) else None)(job.current()), "three members training")
+    first, second = (job.host_of(m) for m in gen["members"][1:3])
+    t0 = time.time()
+    try:
+        if kind == "loss":
+            job.hosts.drop(first, 0.05)
+        elif kind == "delay":
+            job.hosts.delay(first, 200)
+        elif kind == "partition":
+            job.hosts.drop(first, peer=second)
+        else:
+            job.hosts.link_down(0)
+    except FaultUnavailable as e:
+        return {"kind": kind, "skipped": str(e)}
+    time.sleep(ORCHESTRATOR_CUT_S if kind == "orchestrator_cut" else NET_FAULT_S)
+    if kind == "orchestrator_cut":
+        job.hosts.link_up(0)
+    else:
+        job.hosts.heal(first)
+    time.sleep(5.0)
+    end = time.time()
+    removals = [e for e in job.events.poll(ev.FAILURE_DETECTED) if t0 <= e["time"] <= end]
+    generations = [g for g in job.generations() if t0 <= g["time"] <= end]
+    chief = min(job.current()["members"])
+    steps = [r for r in job.steps() if r["node"] == chief and t0 <= r["t"] <= end]
+    return {"kind": kind, "seconds": round(end - t0, 1), "removals": len(removals),
+            "removed": sorted({e.get("node") for e in removals if e.get("node") is not None}),
+            "generations": len(generations), "steps": len(steps)}
+
+
 def measure(job: ChaosJob, fault: Fault) -> None:
     """Waits until every survivor completed a step of a later generation; fills the figures."""
     survivors = [m for m in fault.members if m != fault.victim]
@@ -366,6 +410,7 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
     faults: list[Fault] = []
     orchestrator_rss: list[tuple[int, float]] = []
     slow: list[dict] = []
+    network: list[dict] = []
     hangs = 0
     try:
         gen = wait(job, lambda: (lambda g: g if len(g["members"]) == workers and job.stepping(
@@ -399,6 +444,9 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
         for kind in ("pause_member", "busy_cores") if args.slow and hosts is None else ():
             slow.append(slow_down(job, kind, rng))
             print(f"[slow] {slow[-1]}", flush=True)
+        for kind in NET_FAULTS if args.net_faults and hosts is not None else ():
+            network.append(network_fault(job, kind))
+            print(f"[network] {network[-1]}", flush=True)
         target = max(r["step"] for r in job.steps()) + 20
         with open(os.path.join(job.control, "stop.tmp"), "w") as f:
             f.write(str(target))
@@ -432,6 +480,7 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
     resources = [r for r in job.records() if "resources" in r]
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
             "resources": resources, "orchestrator_rss": orchestrator_rss, "slow": slow,
+            "network": network,
             "equal_to_replay": equal, "steps": target, "step_s": step_s,
             "launcher_codes": [launcher.proc.returncode for launcher in job.launchers]}
 
@@ -509,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
                         "host, three worker hosts; needs root) whose hosts' links go down this "
                         "many times mid-step, each back 1 s after the survivors went on "
                         "(vanished_host_s: the longest link down -> every survivor's first step)")
+    parser.add_argument("--net_faults", action="store_true",
+                        help="a job on network namespaces (as --vanish; after its cuts): 5%% packet loss and a 200 ms delay "
+                        "on one worker host, an asymmetric partition between two worker hosts "
+                        f"(each {NET_FAULT_S:.0f} s), the orchestrator's host cut off for "
+                        f"{ORCHESTRATOR_CUT_S:.0f} s; reports removals, generations and steps "
+                        "during each (network_faults)")
     parser.add_argument("--workers", type=int, default=None,
                         help="workers (default 3; 4 with --soak)")
     parser.add_argument("--keep", help="copy the events file here")
@@ -529,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 import shutil
                 shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
-    vanished = vanished_hosts(args) if args.vanish else None
+    vanished = vanished_hosts(args) if args.vanish or args.net_faults else None
     faults = result["faults"]
     if args.soak:
         print(json.dumps(soak_summary(result)))
@@ -556,7 +611,8 @@ def main(argv: list[str] | None = None) -> int:
         "recovery_p50_s": round(statistics.median(recovery), 4),
         "recovery_p90_s": round(nearest_rank_percentile(recovery, 90), 4),
         "recovery_max_s": round(max(recovery), 4),
-        "vanished_host_s": vanished and round(max(f.recovery_s for f in vanished["faults"]), 4),
+        "vanished_host_s": (round(max(f.recovery_s for f in vanished["faults"]), 4)
+                            if vanished and vanished["faults"] else None),
         "lost_steps_max": max(f.lost_steps for f in faults),
         "exactly_once": result["exactly_once"],
         "equal_to_replay": result["equal_to_replay"],
@@ -568,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         "hangs": result["hangs"],
     }
     if vanished:
+        summary["network_faults"] = vanished["network"]
         summary["vanished_exactly_once"] = vanished["exactly_once"]
         summary["vanished_equal_to_replay"] = vanished["equal_to_replay"]
     if args.slow:
