@@ -3,7 +3,8 @@
 Role ps serves a small MLP, evaluates it on a fixed held-out set after every
 update and writes the loss timeline and the master's stats as JSON. Role
 worker trains on its own synthetic samples (--straggler computes --slowdown
-times slower). For the ingest measurement, role ingest_ps serves one
+times slower; --join_after makes it start that much later than the others; SIGTERM
+makes it leave at its next iteration, as a preempted worker does). For the ingest measurement, role ingest_ps serves one
 --params-sized variable and records when each update lands, and role pusher
 pushes random gradients for it as fast as it can.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 
@@ -41,6 +43,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--params", type=int, default=1_000_000)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--go_file", help="a worker starts training once this file exists")
+    p.add_argument("--join_after", type=float, default=0.0,
+                   help="seconds after the go file before this worker starts")
     p.add_argument("--out")
     p.add_argument("--events_file")
     return p.parse_args()
@@ -126,7 +130,10 @@ def work(args: argparse.Namespace) -> None:
     deadline = time.monotonic() + 300
     while args.go_file and not os.path.exists(args.go_file) and time.monotonic() < deadline:
         time.sleep(0.005)
-    PSWorker(args.address, variables, gradient).run(batches())
+    time.sleep(args.join_after)
+    worker = PSWorker(args.address, variables, gradient)
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.request_stop())
+    worker.run(batches())
 
 
 def serve_ingest(args: argparse.Namespace) -> None:

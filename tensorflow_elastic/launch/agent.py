@@ -165,8 +165,10 @@ class LocalAgent:
                            ", ".join(map(str, self._pending)), repeats.WAIT_FOR_OTHERS_S)
         elif action.do is Do.RESTART_WORKER:
             self.restarts += 1
-            self._info("restart %d of %d: worker %d comes back as a new node", self.restarts,
-                       self.spec.max_restarts, action.slot)
+            # A process that registers elsewhere (the PS mode's) keeps no node to come back as.
+            self._info("restart %d of %d: worker %d %s", self.restarts, self.spec.max_restarts,
+                       action.slot, f"({self.mode.worker_name}) comes back"
+                       if self.mode.worker_name else "comes back as a new node")
             self._view = self._view.with_node(action.slot, None)  # known when it joins
             self._start(action.slot)
         elif action.do is Do.KEEP_DOWN:
@@ -232,6 +234,8 @@ class LocalAgent:
         self._info("worker %d started: pid %d, %s", slot, worker.pid, self._who(slot))
 
     def _label(self, slot: int) -> str:
+        if self.mode.output_label:
+            return self.mode.output_label
         node_id = self._view.node_ids[slot]
         return f"node {node_id}" if node_id is not None else f"worker {slot}"
 

@@ -39,6 +39,7 @@ class InProcessElasticity:
 
     scope = Scope.WORKER
     worker_name = None
+    output_label = None
 
     def __init__(self, spec: WorkerSpec, ports: PortAllocator, hosts_orchestrator: bool = False):
         self.spec = spec

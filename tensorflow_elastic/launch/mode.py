@@ -46,10 +46,12 @@ class View:
 
 class Mode(Protocol):
     """How a slot's worker starts; ``scope`` is what a failure restarts; ``worker_name`` is
-    what the agent's lines call a worker (None: its node names it)."""
+    what the agent's lines call a worker (None: its node names it); ``output_label`` prefixes
+    its output lines (None: its node, or its slot before it has one)."""
 
     scope: Scope
     worker_name: str | None
+    output_label: str | None
 
     def launch(self, slot: int) -> WorkerLaunch:
         """The worker's environment for this start of ``slot`` (a restart included)."""

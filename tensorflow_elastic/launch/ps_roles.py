@@ -23,7 +23,7 @@ class ParameterServerRoles:
     """The environment of a PS or worker process; a dead one comes back alone, unchanged.
 
     Its processes have no node id (they register with the PS, not an orchestrator): the
-    agent's lines name them by role.
+    agent's lines name them by role, and the PS's output lines say they come from the PS.
     """
 
     scope = Scope.WORKER
@@ -33,6 +33,7 @@ class ParameterServerRoles:
         self.spec = spec
         self.role = role
         self.worker_name = "parameter server" if role == PS else "PS worker"
+        self.output_label = PS if role == PS else None
         self.ps_address = ps_address
         self.checkpoint_dir = checkpoint_dir
 

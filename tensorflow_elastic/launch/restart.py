@@ -42,6 +42,7 @@ class RestartElasticity:
 
     scope = Scope.GROUP
     worker_name = None
+    output_label = None
 
     def __init__(self, spec: WorkerSpec, addresses: list[str], wake: threading.Event):
         self.spec = spec

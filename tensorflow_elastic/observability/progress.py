@@ -3,7 +3,9 @@
 The agent learns the step from its workers' node files, and follows the events
 file (only the lines appended since its last look) when there is one, instead
 of its workers' output: progress works the same for every elastic script, with
-or without an events file, and never floods the terminal.
+or without an events file, and never floods the terminal. A parameter server's
+steps (source `ps`) are parameter versions applied for its PS workers, and its
+line says so: a PS job has no world.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import json
 import time
 
 from tensorflow_elastic.observability import events
+
+# The source of a parameter server's events (it records under it): its steps are parameter
+# versions.
+PS_SOURCE = "ps"
 
 
 class ProgressTracker:
@@ -23,6 +29,7 @@ class ProgressTracker:
         self._offset = 0
         self._step: int | None = None
         self._world: int | None = None
+        self._from_ps = False
         self._last_line_step: int | None = None
         self._last_line_time = time.time()
 
@@ -47,8 +54,11 @@ class ProgressTracker:
                 entry = json.loads(raw)
             except ValueError:
                 continue
-            if entry.get("event") == events.STEP and isinstance(entry.get("step"), int):
-                self.note(entry["step"], entry.get("world_size", self._world))
+            if entry.get("event") == events.STEP and isinstance(entry.get("step"), int) \
+                    and entry["step"] >= (self._step or 0):
+                self._from_ps = entry.get("source") == PS_SOURCE
+                self.note(entry["step"], entry.get("workers" if self._from_ps else "world_size",
+                                                   self._world))
 
     @property
     def step(self) -> int | None:
@@ -57,18 +67,23 @@ class ProgressTracker:
         return self._step
 
     def line(self) -> str:
-        """'step S, world size W, R steps/s' since the previous line ('' before any step).
+        """'step S, world size W, R steps/s' since the previous line ('' before any step);
+        from a PS: 'parameter version V, W PS worker(s), R updates/s'.
 
-        The world size is the job's at that step, as its workers recorded it.
+        The world size is the job's at that step, as its workers (or the PS) recorded it.
         """
         self._read_new()
         now = time.time()
         if self._step is None:
             return ""
         rate = ""
+        unit = "updates/s" if self._from_ps else "steps/s"
         if self._last_line_step is not None and now > self._last_line_time:
-            rate = f", {(self._step - self._last_line_step) / (now - self._last_line_time):.2f} steps/s"
+            rate = f", {(self._step - self._last_line_step) / (now - self._last_line_time):.2f} {unit}"
         self._last_line_step, self._last_line_time = self._step, now
+        if self._from_ps:
+            return (f"progress: parameter version {self._step}, "
+                    f"{self._world if self._world is not None else '?'} PS worker(s){rate}")
         return f"progress: step {self._step}, world size {self._world or '?'}{rate}"
 
 

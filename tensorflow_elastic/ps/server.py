@@ -23,6 +23,7 @@ import grpc
 from tensorflow_elastic.errors import TrainingDiverged
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog
+from tensorflow_elastic.observability.progress import PS_SOURCE
 from tensorflow_elastic.proto import parameter_server_pb2_grpc as pb_grpc
 from tensorflow_elastic.ps import security, tensors
 from tensorflow_elastic.ps.checkpoint import Checkpointer
@@ -87,7 +88,7 @@ class ParameterServer:
         self.registry = WorkerRegistry(lease_timeout)
         self.master = Master(config, self._apply, on_event=self._on_master_event)
         self.stopping = threading.Event()
-        self._events = EventLog(events_file, source="ps")
+        self._events = EventLog(events_file, source=PS_SOURCE)
         self._checkpointer = (Checkpointer(checkpoint_dir, self.parameters.variables, optimizer)
                               if checkpoint_dir else None)
         self._checkpoint_every = checkpoint_every
@@ -274,7 +275,8 @@ class ParameterServer:
             self._on_update(version)
         if version % self._step_events_every == 0:
             self._record(events.STEP, version=version, step=version,
-                         loss=self.master.stats().get("last_loss"))
+                         loss=self.master.stats().get("last_loss"),
+                         workers=len(self.registry.live()))
 
     # --------------------------------------------------------------- checkpoints
 

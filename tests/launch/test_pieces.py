@@ -19,7 +19,7 @@ from tensorflow_elastic.launch.ps_roles import ParameterServerRoles
 from tensorflow_elastic.launch.restart import tf_config
 from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
 from tensorflow_elastic.observability import StepReporter, events, plot, timeline
-from tensorflow_elastic.observability.progress import ProgressTracker
+from tensorflow_elastic.observability.progress import PS_SOURCE, ProgressTracker
 from tensorflow_elastic.rendezvous import Membership
 from tensorflow_elastic.rendezvous.types import NodeBounds
 
@@ -132,6 +132,10 @@ def test_step_reporter_and_progress_line(tmp_path):
     assert [e["step"] for e in events.read_events(str(path), events.STEP)] == [1, 11, 21, 31]
     tracker = ProgressTracker(str(path))
     assert tracker.line().startswith("progress: step 31, world size 2")
+    ps_events = events.EventLog(str(tmp_path / "ps.jsonl"), source=PS_SOURCE)
+    for version in (50, 100):
+        ps_events.record(events.STEP, version=version, step=version, workers=3)
+    assert ProgressTracker(ps_events.path).line() == "progress: parameter version 100, 3 PS worker(s)"
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     with pytest.raises(ValueError, match="holds no events"):

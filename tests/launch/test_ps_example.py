@@ -102,5 +102,6 @@ def test_a_diverging_job_ends_with_one_clear_message_and_no_restart(start, port,
     assert all(advice in line for line in own + stopped)
     assert re.search(r"  worker:     PS worker\n", workers.output)
     assert re.search(r"  worker:     parameter server\n", ps.output)
-    [ps_line] = [line for line in ps.lines if line.startswith("[worker 0] TrainingDiverged: ")]
+    [ps_line] = [line for line in ps.lines if line.startswith("[ps] TrainingDiverged: ")]
+    assert not any(line.startswith("[worker ") for line in ps.lines), ps.tail()
     assert " on worker " in ps_line and advice in ps_line
