@@ -20,6 +20,7 @@ from tensorflow.python.eager import context
 from tensorflow.python.training import server_lib
 
 from tensorflow_elastic.ops import load_binding
+from tensorflow_elastic.tf_internals import private
 
 JOB_NAME = "worker"
 
@@ -70,12 +71,12 @@ def start(members: Mapping[int, str], node_id: int) -> None:
     ctx = context.context()
     ctx.enable_collective_ops(server_def(members, node_id))
     ctx.ensure_initialized()
-    load_binding().forward_collectives(ctx._handle)
+    load_binding().forward_collectives(private(ctx, "_handle"))
 
 
 def update(members: Mapping[int, str], node_id: int) -> None:
     """Moves the running server to a new membership; variables and instantiated functions stay."""
-    load_binding().update_collective_server(context.context()._handle,
+    load_binding().update_collective_server(private(context.context(), "_handle"),
                                             server_def(members, node_id).SerializeToString())
 
 
