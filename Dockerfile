@@ -37,6 +37,6 @@ RUN pip install --no-cache-dir "tensorflow-cpu==${TENSORFLOW_VERSION}" /wheels/*
     && chown tfelastic: /app /var/lib/tfelastic \
     && python -c "import tensorflow_elastic.ops as ops; ops.load_binding(); print('tensorflow_elastic OK')"
 ENV TF_CPP_MIN_LOG_LEVEL=2
-USER tfelastic
+USER 1000:1000
 WORKDIR /app
 CMD ["tfelastic-run", "--help"]
