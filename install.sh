@@ -76,9 +76,11 @@ else
   apt_install etcd-server
 fi
 
-step "Bazel"
+step "Bazel $(cat .bazelversion) (.bazelversion)"
+# bazelisk runs the release of .bazelversion when it can fetch it; Debian's bazel-bootstrap (the
+# same release) is the offline fallback. Either hands over to tools/bazel.
 BAZEL=""
-if command -v bazelisk >/dev/null && bazelisk version >/dev/null 2>&1; then
+if command -v bazelisk >/dev/null && timeout 300 bazelisk version >/dev/null 2>&1; then
   BAZEL=bazelisk
 elif command -v bazel >/dev/null && [ -d /usr/share/bazel/rules/java ]; then
   BAZEL=bazel
@@ -90,7 +92,7 @@ fi
 echo "using $BAZEL ($($BAZEL --version 2>/dev/null | tail -n 1))"
 
 step "Op library (bazel build //...)"
-BUILD_HASH=$(hash_of cc tensorflow_elastic/proto tools BUILD WORKSPACE .bazelrc requirements.txt)
+BUILD_HASH=$(hash_of cc tensorflow_elastic/proto tools BUILD WORKSPACE .bazelrc .bazelversion requirements.txt)
 if unchanged bazel "$BUILD_HASH" && [ -f bazel-bin/tensorflow_elastic/_ops.so ]; then
   echo "op library up to date"
 else

@@ -12,7 +12,6 @@
 `pip install -v .` shows the compiler's progress (a few minutes on 2 cores).
 """
 
-import json
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ from setuptools.dist import Distribution
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 
-from build_ops import BuildError, build, probe_tensorflow  # noqa: E402
+from build_ops import BuildError, build, probe_tensorflow, write_build_record  # noqa: E402
 from gen_protos import generate  # noqa: E402
 
 OPS_LIBRARY = "TFE_OPS_LIBRARY"  # tensorflow_elastic.environment.OPS_LIBRARY
@@ -56,8 +55,7 @@ class BuildWithArtefacts(build_py):
         except BuildError as e:
             raise SystemExit(f"error: {e}") from None
         os.chmod(target, 0o755)
-        with open(os.path.join(package, "_built_for.json"), "w", encoding="utf-8") as f:
-            json.dump({"tensorflow": tensorflow.version}, f)
+        write_build_record(target, tensorflow)
         log(f"the op library is for TensorFlow {tensorflow.version}")
 
 

@@ -1,11 +1,13 @@
 """The TensorFlow release this build works with, and the check at import.
 
 The C++ op library links against TensorFlow's C++ ABI, which changes between
-releases: a mismatch crashes or fails with unreadable symbol errors, so we
-refuse early with a message that says what to do. The release is the one the
-library was compiled against, which the wheel build records
+minor releases: a mismatch crashes or fails with unreadable symbol errors, so
+we refuse early with a message that says what to do. The release is the one
+the library was compiled against, which the build records
 (tensorflow_elastic/_built_for.json); a source checkout built by install.sh has
-the pinned one of requirements.txt.
+the pinned one of requirements.txt. The check compares major.minor: patch
+releases of one minor release keep its ABI and its Python internals
+(docs/compatibility.md), so a 2.21.1 runs a library built for 2.21.0.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from importlib import metadata
 # Written by the wheel build next to this file: {"tensorflow": VERSION}.
 BUILD_RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_built_for.json")
 PINNED_TF_VERSION = "2.21.0"  # requirements.txt's, which install.sh builds the checkout for
+# The minor releases whose private internals the package was checked against (tf_internals.py).
+SUPPORTED_RELEASES = ("2.20", "2.21")
+
+
+def release(version: str) -> str:
+    """The minor release ("2.21") of a TensorFlow version ("2.21.0", "2.21.0rc1")."""
+    return ".".join(version.split(".")[:2])
 
 
 def built_for(record: str = BUILD_RECORD) -> str:
@@ -70,7 +79,13 @@ def check_tensorflow_version(installed: dict[str, str] | None = None) -> str:
             f"(pip uninstall {' '.join(sorted(installed))}; pip install "
             f"'tensorflow-cpu=={REQUIRED_TF_VERSION}').")
     (name, version), = installed.items()
-    if version != REQUIRED_TF_VERSION:
+    if release(version) not in SUPPORTED_RELEASES:
+        raise TensorFlowVersionError(
+            f"tensorflow_elastic supports TensorFlow {' and '.join(SUPPORTED_RELEASES)}, but "
+            f"{name}=={version} is installed: it relies on TensorFlow internals that other "
+            f"releases may have changed (docs/compatibility.md). Install one of those "
+            f"(pip install '{name}=={REQUIRED_TF_VERSION}').")
+    if release(version) != release(REQUIRED_TF_VERSION):
         raise TensorFlowVersionError(
             f"tensorflow_elastic was built for TensorFlow {REQUIRED_TF_VERSION}, "
             f"but {name}=={version} is installed. Rebuild tensorflow_elastic against your "

@@ -324,7 +324,15 @@ REGISTER: dict[str, Runs | NotRunnableHere] = {
     "--etcd_user orchestrator --etcd_password_file /shared/etcd-password": NotRunnableHere(
         "needs an etcd cluster's certificates and user (tests/rendezvous/"
         "test_etcd_security.py runs these flags against a TLS etcd it starts)", _CHECKS),
-    # docs/kubernetes.md, the network policy and the Indexed Job
+    # docs/kubernetes.md, the image, the network policy and the Indexed Job
+    "docker build -t tfelastic:0.1.0 .": NotRunnableHere(
+        "needs a Docker daemon (tests/deploy/test_dockerfile.py checks the Dockerfile with "
+        "hadolint)", _CHECKS),
+    "printf 'FROM tfelastic:0.1.0\\nCOPY train.py /app/train.py\\n' | docker build -t "
+    "registry.example.com/tfelastic-train:0.1.0 -f - .": NotRunnableHere(
+        "needs a Docker daemon", _CHECKS),
+    "docker push registry.example.com/tfelastic-train:0.1.0": NotRunnableHere(
+        "needs a Docker daemon and a registry", _CHECKS),
     "kubectl apply -f deploy/kubernetes/network-policy.yaml": NotRunnableHere(_KUBERNETES,
                                                                               _CHECKS),
     "kubectl apply -f deploy/kubernetes/workers-job.yaml": NotRunnableHere(_KUBERNETES, _CHECKS),

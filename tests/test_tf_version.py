@@ -10,6 +10,8 @@ from tensorflow_elastic import tf_version
 from tensorflow_elastic.tf_version import TensorFlowVersionError, check_tensorflow_version
 
 REQUIRED = tf_version.REQUIRED_TF_VERSION
+# The other supported minor release: refused, since the library was not built for it.
+OTHER = "2.20.0" if tf_version.release(REQUIRED) == "2.21" else "2.21.0"
 
 
 def test_matching_version_passes():
@@ -29,14 +31,25 @@ def test_missing_tensorflow_says_what_to_install():
 
 
 def test_wrong_version_names_both_versions():
-    with pytest.raises(TensorFlowVersionError, match=rf"built for TensorFlow {REQUIRED}.*2\.20\.0"):
-        check_tensorflow_version({"tensorflow": "2.20.0"})
+    with pytest.raises(TensorFlowVersionError, match=rf"built for TensorFlow {REQUIRED}.*{OTHER}"):
+        check_tensorflow_version({"tensorflow": OTHER})
 
 
 def test_wrong_version_says_to_rebuild():
     with pytest.raises(TensorFlowVersionError, match="Rebuild tensorflow_elastic against your "
                                                      "TensorFlow"):
-        check_tensorflow_version({"tensorflow-cpu": "9.9.0"})
+        check_tensorflow_version({"tensorflow-cpu": OTHER})
+
+
+def test_another_patch_release_of_the_same_minor_release_passes():
+    patch = tf_version.release(REQUIRED) + ".7"
+    assert check_tensorflow_version({"tensorflow-cpu": patch}) == patch
+
+
+@pytest.mark.parametrize("version", ["2.19.0", "2.22.0", "3.0.0"])
+def test_an_unsupported_release_is_refused_naming_the_supported_ones(version):
+    with pytest.raises(TensorFlowVersionError, match=r"supports TensorFlow 2\.20 and 2\.21"):
+        check_tensorflow_version({"tensorflow-cpu": version})
 
 
 def test_two_distributions_are_refused():
@@ -73,3 +86,8 @@ def test_the_version_comes_from_the_build_record(tmp_path):
     assert tf_version.built_for(str(record)) == tf_version.PINNED_TF_VERSION  # a checkout
     record.write_text('{"tensorflow": "2.20.0"}')
     assert tf_version.built_for(str(record)) == "2.20.0"
+
+
+def test_a_release_is_major_dot_minor():
+    assert tf_version.release("2.21.0") == "2.21"
+    assert tf_version.release("2.20.0rc1") == "2.20"

@@ -13,6 +13,12 @@ TensorFlow must not be a build dependency (that would be a second one).
 An AddressSanitizer build instruments the library's own code (TensorFlow's is
 not): the interpreter that loads it needs ``LD_PRELOAD`` of the compiler's
 ``libasan.so`` (``asan_runtime()``), since Python itself is not instrumented.
+
+Beside the library it writes the TensorFlow version it was built for
+(_built_for.json), which the package checks at import. A TensorFlow release
+the package does not support (tensorflow_elastic/tf_version.py) is refused
+before compiling: the library uses TensorFlow C++ internals
+(docs/compatibility.md) that another release may have changed.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import glob
+import importlib.util
 import json
 import os
 import shlex
@@ -46,6 +53,9 @@ print(json.dumps({"version": tf.__version__, "include": tf.sysconfig.get_include
                   "compile": tf.sysconfig.get_compile_flags(),
                   "link": tf.sysconfig.get_link_flags()}))
 """
+
+
+BUILD_RECORD = "_built_for.json"  # tensorflow_elastic.tf_version.BUILD_RECORD's name
 
 
 class BuildError(RuntimeError):
@@ -79,6 +89,34 @@ def probe_tensorflow(python: str = sys.executable) -> TensorFlowBuild:
                            tuple(found["link"]))
 
 
+def _tf_version_module(root: str):
+    """tensorflow_elastic/tf_version.py on its own: the package's __init__ must not run here."""
+    spec = importlib.util.spec_from_file_location(
+        "_tfe_tf_version", os.path.join(root, "tensorflow_elastic", "tf_version.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_supported(root: str, tf: TensorFlowBuild) -> None:
+    """Raises BuildError for a TensorFlow release the package does not support."""
+    tf_version = _tf_version_module(root)
+    if tf_version.release(tf.version) not in tf_version.SUPPORTED_RELEASES:
+        supported = " and ".join(tf_version.SUPPORTED_RELEASES)
+        raise BuildError(f"TensorFlow {tf.version} is installed, but tensorflow_elastic supports "
+                         f"TensorFlow {supported} (its op library uses TensorFlow internals "
+                         f"that other releases may have changed; docs/compatibility.md): "
+                         f"pip install 'tensorflow-cpu=={tf_version.PINNED_TF_VERSION}'")
+
+
+def write_build_record(library: str, tf: TensorFlowBuild) -> str:
+    """Writes, next to ``library``, the TensorFlow version it was built for; returns the path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(library)), BUILD_RECORD)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"tensorflow": tf.version}, f)
+    return path
+
+
 def compile_flags(root: str, tf: TensorFlowBuild, pybind11_include: str,
                   asan: bool = False) -> list[str]:
     python_include = sysconfig.get_paths()["include"]
@@ -99,6 +137,7 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
 
     With ``asan`` the library is built with AddressSanitizer (see the module's docstring).
     """
+    check_supported(root, tf)
     compiler = compiler or os.environ.get("CXX") or "g++"
     if shutil.which(compiler) is None:
         raise BuildError(f"no C++ compiler ({compiler} not found): install g++ (build-essential) "
@@ -129,6 +168,7 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         link = ("-fsanitize=address",) if asan else ("-s",)
         _run([compiler, "-shared", *link, *sorted(done), "-o", out, *tf.link_flags])
+    write_build_record(out, tf)
     log(f"built {out} in {time.monotonic() - started:.0f} s")
     return out
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Installs dist/*.whl into a new venv holding only the pinned TensorFlow and
+# Installs dist/*.whl into a new venv holding only the pinned TensorFlow,
 # checks that the package imports with its op library (kernels and Python
-# binding) and generated code.
+# binding) and generated code, then runs the op tests and the kill-and-join
+# job against it (tools/test_installed.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
 WHEEL=$(ls dist/tensorflow_elastic-*.whl)
 TF_PIN=$(grep -E '^tensorflow-cpu==' requirements.txt)
 VENV=$(mktemp -d /tmp/tfe-wheel-check.XXXXXX)
@@ -32,3 +34,4 @@ weights.assign([3.0])
 assert snapshot.saved_values()[0].numpy().tolist() == [1.0]
 print(f"wheel OK: {tensorflow_elastic.__file__}, op library and its binding loaded, distributions {sorted(dists)}")
 PY
+bash "$ROOT/tools/test_installed.sh" "$VENV"

@@ -20,11 +20,12 @@ from tensorflow.python.framework import tensor_util
 
 from tensorflow_elastic.data.elastic_dataset import ElasticDataset
 from tensorflow_elastic.data.shuffle import Shuffle, split_shuffle
+from tensorflow_elastic.tf_internals import private
 
 # Transformations after the batch that only buffer or set options: dropped, they
 # would read ahead of the training step (the elastic input must be the last one).
-_PASS_THROUGH = (prefetch_op._PrefetchDataset, dataset_ops._OptionsDataset)
-_BATCHES = (batch_op._BatchDataset, batch_op._ParallelBatchDataset)
+_PASS_THROUGH = (private(prefetch_op, "_PrefetchDataset"), private(dataset_ops, "_OptionsDataset"))
+_BATCHES = (private(batch_op, "_BatchDataset"), private(batch_op, "_ParallelBatchDataset"))
 
 
 def _constant(tensor, what: str):
@@ -46,7 +47,7 @@ def split_batches(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool]
                         f"from_tensor_slices(...).batch(global_batch_size)")
     node = dataset
     while isinstance(node, _PASS_THROUGH):
-        node = node._input_dataset
+        node = private(node, "_input_dataset")
     if not isinstance(node, _BATCHES):
         raise ValueError(
             f"the elastic strategy cuts the global batches of the input itself, so the input "
@@ -55,8 +56,9 @@ def split_batches(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool]
             f"(for NumPy arrays, which Keras turns into such a pipeline, pass "
             f"tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch_size)), or call "
             f"strategy.distribute_elastic_dataset(examples, global_batch_size) in a custom loop")
-    return (node._input_dataset, int(_constant(node._batch_size, "batch size")),
-            bool(_constant(node._drop_remainder, "drop_remainder")))
+    return (private(node, "_input_dataset"),
+            int(_constant(private(node, "_batch_size"), "batch size")),
+            bool(_constant(private(node, "_drop_remainder"), "drop_remainder")))
 
 
 class PositionedElasticDataset(ElasticDataset):

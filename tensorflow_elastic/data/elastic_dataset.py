@@ -16,6 +16,7 @@ from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.ops import resource_variable_ops
 
 from tensorflow_elastic.ops import load_op_library
+from tensorflow_elastic.tf_internals import private
 
 CURSOR_VARIABLE_NAME = "elastic_input_cursor"
 
@@ -64,10 +65,10 @@ class _ElasticBatchDataset(dataset_ops.UnaryDataset):
 
     def __init__(self, dataset: tf.data.Dataset, global_batch_size: int, world_size: tf.Variable,
                  rank: tf.Variable, cursor: tf.Variable, drop_remainder: bool):
-        self._element_spec = tf.nest.map_structure(lambda spec: spec._batch(None),
+        self._element_spec = tf.nest.map_structure(lambda spec: private(spec, "_batch")(None),
                                                    dataset.element_spec)
         variant = load_op_library().elastic_batch_dataset(
-            dataset._variant_tensor, tf.constant(global_batch_size, tf.int64), world_size.handle,
+            private(dataset, "_variant_tensor"), tf.constant(global_batch_size, tf.int64), world_size.handle,
             rank.handle, cursor.handle, drop_remainder=drop_remainder, **self._flat_structure)
         super().__init__(dataset, variant)
 
@@ -116,7 +117,7 @@ class ElasticDataset(dataset_ops.UnaryUnchangedStructureDataset):
         self._drop_remainder = bool(drop_remainder)
         batched = _ElasticBatchDataset(dataset, global_batch_size, world_size, rank, cursor,
                                        self._drop_remainder).with_options(_no_buffering_options())
-        super().__init__(batched, batched._variant_tensor)
+        super().__init__(batched, private(batched, "_variant_tensor"))
 
     @property
     def cursor(self) -> tf.Variable:

@@ -20,9 +20,13 @@ from tensorflow.python.data.experimental.ops import global_shuffle_op
 from tensorflow.python.data.ops import shuffle_op
 from tensorflow.python.framework import tensor_util
 
+from tensorflow_elastic.tf_internals import private
+
 # Seeds stay below 2**31: tf.data hands them on as int64, mixed with the epoch.
 _SEED_RANGE = 2 ** 31
 _EPOCH_MIX = 1_000_003
+_ShuffleDataset = private(shuffle_op, "_ShuffleDataset")
+_global_shuffle = private(global_shuffle_op, "_global_shuffle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +50,7 @@ def epoch_order(examples: tf.data.Dataset, seed: int, epoch: int) -> tf.data.Dat
     permuted (no random access, or no known size).
     """
     try:
-        return global_shuffle_op._global_shuffle(
+        return _global_shuffle(
             examples, seed=(seed * _EPOCH_MIX + epoch) % _SEED_RANGE,
             reshuffle_each_iteration=False)
     except (tf.errors.FailedPreconditionError, tf.errors.InvalidArgumentError) as e:
@@ -58,10 +62,10 @@ def epoch_order(examples: tf.data.Dataset, seed: int, epoch: int) -> tf.data.Dat
             f"tensorflow_elastic.data.indexed_records). TensorFlow says: {e.message}") from None
 
 
-def _seed_of(node: shuffle_op._ShuffleDataset) -> int:
+def _seed_of(node: _ShuffleDataset) -> int:
     """One seed from the shuffle's pair (0 for an unseeded shuffle, the same on every member)."""
     values = []
-    for tensor in (node._seed, node._seed2):
+    for tensor in (private(node, "_seed"), private(node, "_seed2")):
         value = tensor_util.constant_value(tensor)
         if value is None:
             raise ValueError("the seed of the input's shuffle() must be a constant")
@@ -83,13 +87,13 @@ def split_shuffle(examples: tf.data.Dataset) -> tuple[tf.data.Dataset, Shuffle |
     A shuffle elsewhere in the pipeline is refused with a ValueError that says
     to move it right before the batch (per-example maps commute with it).
     """
-    if isinstance(examples, shuffle_op._ShuffleDataset):
-        reshuffle = examples._reshuffle_each_iteration
+    if isinstance(examples, _ShuffleDataset):
+        reshuffle = private(examples, "_reshuffle_each_iteration")
         shuffle = Shuffle(_seed_of(examples), reshuffle is None or bool(reshuffle))
-        examples = examples._input_dataset
+        examples = private(examples, "_input_dataset")
     else:
         shuffle = None
-    if any(isinstance(node, shuffle_op._ShuffleDataset) for node in _input_chain(examples)):
+    if any(isinstance(node, _ShuffleDataset) for node in _input_chain(examples)):
         raise ValueError(
             "the input shuffles before other transformations: the elastic input can only make a "
             "shuffle right before the last .batch(global_batch_size) the same on every worker; "

@@ -28,6 +28,7 @@ from tensorflow.python.training import server_lib
 
 from tensorflow_elastic import net
 from tensorflow_elastic.ops import load_binding
+from tensorflow_elastic.tf_internals import private
 
 JOB_NAME = "worker"
 # The op library's server that listens on the task's own address (cc/python/bound_server.cc).
@@ -92,12 +93,12 @@ def start(members: Mapping[int, str], node_id: int) -> None:
     binding = load_binding()  # before the server: the library registers the bound one
     ctx.enable_collective_ops(server_def(members, node_id))
     ctx.ensure_initialized()
-    binding.forward_collectives(ctx._handle)
+    binding.forward_collectives(private(ctx, "_handle"))
 
 
 def update(members: Mapping[int, str], node_id: int) -> None:
     """Moves the running server to a new membership; variables and instantiated functions stay."""
-    load_binding().update_collective_server(context.context()._handle,
+    load_binding().update_collective_server(private(context.context(), "_handle"),
                                             server_def(members, node_id).SerializeToString())
 
 

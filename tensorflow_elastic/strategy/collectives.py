@@ -22,6 +22,8 @@ from tensorflow.python.framework.tensor import Tensor
 from tensorflow.python.ops import array_ops, collective_ops, cond, math_ops, variables
 from tensorflow.python.util import nest
 
+from tensorflow_elastic.tf_internals import require, require_read
+
 # Group keys are spaced per generation so that no two generations share one.
 KEYS_PER_GENERATION = 16
 # The state broadcast's instance keys, far above those traced functions take (from 100 up).
@@ -29,6 +31,12 @@ BROADCAST_INSTANCE_KEY_START = 1 << 30
 # The state sync's groups (the source and one receiver each); group keys are 32-bit.
 SYNC_GROUP_KEY_START = 1 << 28
 SYNC_GROUPS_PER_GENERATION = 1 << 10
+
+# What the classes below override, call or read of TensorFlow's collective launchers (private).
+require(cross_device_ops_lib.CollectiveAllReduce, "_all_reduce", "_num_between_graph_workers")
+require_read(cross_device_utils.CollectiveReplicaLauncher, "_group_key", "_group_size",
+             "_collective_keys")
+require_read(cross_device_ops_lib.CollectiveAllReduce, "_launchers", "_limited_nccl")
 
 
 def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
@@ -148,6 +156,7 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
 
     def __init__(self, devices, group_size, options, collective_keys, vote=None):
         super().__init__(devices, group_size, options, collective_keys=collective_keys)
+        require(self, "_collective_keys", "_devices", "_group_size")
         self._runtime_group_key = RuntimeInt(self._collective_keys.get_group_key(self._devices),
                                              "elastic_group_key")
         self._runtime_group_size = RuntimeInt(group_size, "elastic_group_size")

@@ -23,6 +23,16 @@ from tensorflow.python.util import nest
 
 from tensorflow_elastic.strategy import cluster, collectives, runtime
 from tensorflow_elastic.strategy.agreement import ReformVote
+from tensorflow_elastic.tf_internals import private, require
+
+# The private methods of TensorFlow's multi-worker strategy that ElasticExtended overrides or
+# calls: a release that renamed one would leave an override silently unused.
+require(mwms_lib.CollectiveAllReduceExtended, "_initialize_strategy", "_initialize_local_devices",
+        "_get_variable_creator_initial_value", "_reduce_to", "_get_cross_device_ops",
+        "_in_multi_worker_mode", "_start_check_health_thread")
+_initialize_single_worker = private(mirrored_strategy.MirroredExtended, "_initialize_single_worker")
+_mirrored_initial_value = private(mirrored_strategy.MirroredExtended,
+                                  "_get_variable_creator_initial_value")
 
 
 
@@ -70,7 +80,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
             device = f"{self._worker_device}/device:CPU:0"
             self._broadcast_shares = self._host_cross_device_ops
         self._broadcaster = collectives.VariableBroadcaster(device)
-        mirrored_strategy.MirroredExtended._initialize_single_worker(self, local_devices)
+        _initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
         # each worker has its own rank).
@@ -144,7 +154,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
     def _get_variable_creator_initial_value(self, replica_id, device, primary_var, **kwargs):
         # No broadcast at creation: a newcomer creates its variables while the
         # others train, and State.sync() makes all members equal afterwards.
-        return mirrored_strategy.MirroredExtended._get_variable_creator_initial_value(
+        return _mirrored_initial_value(
             self, replica_id=replica_id, device=device, primary_var=primary_var, **kwargs)
 
     def _reduce_to(self, reduce_op, value, destinations, options):

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable
 import tensorflow as tf
 
 from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.tf_internals import private, require
 from tensorflow_elastic.training.state import State
 # tfe.keras.MembershipSummaries
 from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401
@@ -109,6 +110,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         if _is_tf_keras(self.model):
             # tf-keras asks this object for the (epoch, step) to start at, after on_train_begin
             # (what its BackupAndRestore callback does), and runs only the epoch's rest.
+            require(self.model, "_training_state")  # set here, read by tf-keras' fit
             self.model._training_state = _ResumeAt(epoch, batch)
             self._numbered_from_first = True
         else:
@@ -117,6 +119,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             # the callback stops it after its rest. (Letting a finite input run out instead
             # would run one more, failing, step, whose ops that do not read the input, such
             # as the optimizer's step counter, run all the same.)
+            require(self.model, "_initial_epoch")  # set here, read by Keras 3's fit
             self.model._initial_epoch = epoch
             self._stop_resumed_epoch = batch > 0
             if self._stop_resumed_epoch and not self.steps_per_epoch:
@@ -269,8 +272,8 @@ class ChiefOnly(tf.keras.callbacks.Callback):
                 return
             if getattr(self.callback, "monitor_op", True) is None:
                 # Keras 3 chooses the comparison at the first epoch's end, from the metrics.
-                self.callback._set_monitor_op()
-            if self.callback._is_improvement(current, self.callback.best):
+                private(self.callback, "_set_monitor_op")()
+            if private(self.callback, "_is_improvement")(current, self.callback.best):
                 self.callback.best = current
 
 

@@ -7,8 +7,8 @@ def pytest_files(name, srcs, data = [], deps = []):
         test_name = src[:-len(".py")].replace("/", "_")
         native.py_test(
             name = test_name,
-            srcs = ["//tools/bazel:pytest_main.py", src],
-            main = "//tools/bazel:pytest_main.py",
+            srcs = ["//tools/bazel_rules:pytest_main.py", src],
+            main = "//tools/bazel_rules:pytest_main.py",
             args = ["$(location %s)" % src],
             data = data,
             deps = deps,

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs the op tests and the kill-and-join job against the tensorflow_elastic
+# installed in VENV (not the checkout's): the tests, their tools and the
+# examples are copied to a directory without the package, so every import of
+# tensorflow_elastic, in the tests and in the workers they start, finds the
+# installed one. Installs pytest into VENV (the versions of requirements.txt).
+#
+#   tools/test_installed.sh VENV
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${1:?usage: tools/test_installed.sh VENV}
+TREE=$(mktemp -d /tmp/tfe-installed-tests.XXXXXX)
+trap 'rm -rf "$TREE"' EXIT
+"$VENV/bin/python" -m pip --disable-pip-version-check -q install \
+  $(grep -E '^pytest(-timeout)?==' requirements.txt) 2>&1 | { grep -v -E '^WARNING: Location .* is ignored' || true; }
+cp -r tests tools examples pyproject.toml "$TREE"/
+cd "$TREE"
+"$VENV/bin/python" - <<'PY'
+import os, tensorflow_elastic
+assert "site-packages" in tensorflow_elastic.__file__, f"not the installed package: {tensorflow_elastic.__file__}"
+print(f"testing {os.path.dirname(tensorflow_elastic.__file__)}")
+PY
+TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
+  tests/ops tests/launch/test_kill_and_join.py
