@@ -12,6 +12,7 @@ exact (no shuffle), and refused, saying what to change, when they are not.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 
@@ -21,6 +22,7 @@ from tensorflow.core.framework import graph_pb2
 from tensorflow.python.data.ops import (dataset_ops, flat_map_op, from_tensor_slices_op,
                                         interleave_op, map_op, prefetch_op, readers)
 from tensorflow.python.framework import tensor_util
+from tensorflow.python.ops import gen_dataset_ops
 
 from tensorflow_elastic.data.tfrecord import TFRecordIndex
 
@@ -215,8 +217,29 @@ def addressable(examples: tf.data.Dataset, shuffled: bool) -> tf.data.Dataset:
                                              reading.block_length)
                             if reading.cycle_length > 1 else None)
     for node in reversed(maps):
-        parallel = getattr(node, "_num_parallel_calls", None)
-        records = (records.map(node._map_func._func) if parallel is None else records.map(
-            node._map_func._func, deterministic=True,
-            num_parallel_calls=int(_constant(parallel, "num_parallel_calls"))))
+        records = _map_again(node, records)
     return records
+
+
+def _map_again(node, records: tf.data.Dataset) -> tf.data.Dataset:
+    """The user's `map` node applied to `records`: the same traced function and settings (a
+    parallel map made deterministic), not traced again."""
+    mapped = copy.copy(node)
+    mapped._input_dataset = records
+    function = node._map_func.function
+    if isinstance(node, map_op._ParallelMapDataset):
+        mapped._deterministic = "true"
+        variant = gen_dataset_ops.parallel_map_dataset_v2(
+            records._variant_tensor, function.captured_inputs, f=function,
+            num_parallel_calls=node._num_parallel_calls, deterministic="true",
+            use_inter_op_parallelism=node._use_inter_op_parallelism,
+            preserve_cardinality=node._preserve_cardinality,
+            use_unbounded_threadpool=node._use_unbounded_threadpool, **node._common_args)
+    else:
+        variant = gen_dataset_ops.map_dataset(
+            records._variant_tensor, function.captured_inputs, f=function,
+            use_inter_op_parallelism=node._use_inter_op_parallelism,
+            preserve_cardinality=node._preserve_cardinality,
+            force_synchronous=node._force_synchronous, **node._common_args)
+    dataset_ops.UnaryDataset.__init__(mapped, records, variant)
+    return mapped
