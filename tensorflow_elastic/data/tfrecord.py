@@ -16,10 +16,8 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from tensorflow_elastic import environment
 from tensorflow_elastic.ops import load_op_library
-
-# The environment variable that names a directory where indexes are kept between processes.
-CACHE_DIR_ENV = "TFE_TFRECORD_INDEX_DIR"
 
 
 class TFRecordIndex:
@@ -33,7 +31,8 @@ class TFRecordIndex:
         if not self.files:
             raise ValueError("the TFRecord input has no files: give TFRecordDataset a non-empty "
                              "list of file names")
-        cache_dir = os.environ.get(CACHE_DIR_ENV, "") if cache_dir is None else cache_dir
+        if cache_dir is None:
+            cache_dir = environment.text(environment.TFRECORD_INDEX_DIR, "")
         with tf.init_scope(), tf.device("/cpu:0"):
             counts, offsets, lengths = load_op_library().tf_record_index(
                 tf.constant(self.files, tf.string), tf.constant(cache_dir, tf.string))
