@@ -1,9 +1,12 @@
 """Chaos benchmark: N faults at random points of a realistic elastic loop, and what each one cost.
 
 One job: `tfelastic-run --standalone --nworkers 2:3 --nproc_per_node 3
---max_restarts <large>` runs benchmarks/chaos_worker.py (the documented elastic
-input, a commit every step, --compute_ms of CPU work between steps). Killed
-workers come back through the launcher as new nodes. Faults, in a seeded
+--max_restarts <large>` runs benchmarks/chaos_worker.py with one of the loops
+of benchmarks/chaos_workloads.py (--workload: a custom loop with one
+collective a step and --compute_ms of CPU work between steps; one with three
+collectives a step and Python between steps; Keras `fit`; a CNN with
+BatchNorm and dropout under `fit`), a commit every step. Killed workers come
+back through the launcher as new nodes. Faults, in a seeded
 random order:
 
 * kill_step / kill_chief_step: SIGKILL of a member (or the chief) at a random
@@ -30,7 +33,7 @@ lost steps (completed steps done again, plus the step in flight when a member
 rolled back). At the end the workers train to a common step; every element id
 must have been trained on exactly once (a histogram summed in the step's own
 all-reduce) and the weights must equal a single-process replay of the same
-global batches.
+global batches (chaos_worker.py --replay: the same workload in one plain process).
 
 Prints one line per fault, a table, and as its last line the JSON summary
 {"faults", "recovery_p50_s", "recovery_p90_s", "recovery_max_s",
@@ -62,8 +65,9 @@ KILL_KINDS = ("kill_step", "kill_chief_step", "kill_commit", "kill_sync_join", "
 HEARTBEAT_TIMEOUT_S = RunSettings().heartbeat_timeout  # the embedded orchestrator's default
 WAIT_S = 180.0
 ORCHESTRATOR_PORT = 29400  # on its own network namespace: no other process there
-FEATURES = 8
-LEARNING_RATE = 0.05
+# How close the job's weights must be to the replay's: float64 throughout; the Keras workloads
+# sum more terms a step (batch statistics, several layers), in another order than one process.
+REPLAY_RTOL = {"linear": 1e-9, "multi": 1e-9, "keras": 1e-7, "cnn": 1e-7}
 
 
 @dataclasses.dataclass
@@ -89,7 +93,8 @@ class ChaosJob(Job):
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))
         self.hosts = hosts
         self.cuts: dict[int, int] = {}  # host -> times its link went down
-        worker = [WORKER, "--control", self.control, "--global_batch", str(args.global_batch),
+        worker = [WORKER, "--control", self.control, "--workload", args.workload,
+                  "--global_batch", str(args.global_batch),
                   "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
                   *(["--trace"] if args.trace else [])]
         launch = [sys.executable, "-m", "tensorflow_elastic.distributed.launch",
@@ -288,6 +293,50 @@ def slow_down(job: ChaosJob, kind: str, rng: random.Random) -> dict:
             "generation_changed": job.current()["generation"] != gen["generation"]}
 
 
+NET_FAULT_S = 20.0  # how long a packet loss, delay or partition lasts
+ORCHESTRATOR_CUT_S = 10.0
+NET_FAULTS = ("loss", "delay", "partition", "orchestrator_cut")
+
+
+def network_fault(job: ChaosJob, kind: str) -> dict:
+    """A degraded network on the namespaces' job: 5 % packet loss or a 200 ms delay on one worker
+    host, an asymmetric partition (one worker host loses every packet to and from another, both
+    still reach the orchestrator), or the orchestrator's host cut off from every worker. Returns
+    {"kind", "seconds", "removals", "generations", "steps"} over the fault and 5 s after it
+    (removals: failures detected; steps: steps the chief completed), or {"kind", "skipped"}."""
+    from tools.netns import FaultUnavailable
+
+    gen = wait(job, lambda: (lambda g: g if len(g["members"]) >= 3 and job.stepping(
+        g["generation"], g["members"], 5) else None)(job.current()), "three members training")
+    first, second = (job.host_of(m) for m in gen["members"][1:3])
+    t0 = time.time()
+    try:
+        if kind == "loss":
+            job.hosts.drop(first, 0.05)
+        elif kind == "delay":
+            job.hosts.delay(first, 200)
+        elif kind == "partition":
+            job.hosts.drop(first, peer=second)
+        else:
+            job.hosts.link_down(0)
+    except FaultUnavailable as e:
+        return {"kind": kind, "skipped": str(e)}
+    time.sleep(ORCHESTRATOR_CUT_S if kind == "orchestrator_cut" else NET_FAULT_S)
+    if kind == "orchestrator_cut":
+        job.hosts.link_up(0)
+    else:
+        job.hosts.heal(first)
+    time.sleep(5.0)
+    end = time.time()
+    removals = [e for e in job.events.poll(ev.FAILURE_DETECTED) if t0 <= e["time"] <= end]
+    generations = [g for g in job.generations() if t0 <= g["time"] <= end]
+    chief = min(job.current()["members"])
+    steps = [r for r in job.steps() if r["node"] == chief and t0 <= r["t"] <= end]
+    return {"kind": kind, "seconds": round(end - t0, 1), "removals": len(removals),
+            "removed": sorted({e.get("node") for e in removals if e.get("node") is not None}),
+            "generations": len(generations), "steps": len(steps)}
+
+
 def measure(job: ChaosJob, fault: Fault) -> None:
     """Waits until every survivor completed a step of a later generation; fills the figures."""
     survivors = [m for m in fault.members if m != fault.victim]
@@ -329,21 +378,13 @@ def trace(job: ChaosJob, fault: Fault) -> str:
     return "\n".join(lines)
 
 
-def replay(steps: int, global_batch: int, bins: int):
-    """Weights and id histogram of one process applying the same global batches."""
-    import numpy as np
-
-    k = np.arange(1, FEATURES // 2 + 1, dtype=np.float64)
-    true = np.linspace(-1.0, 1.0, FEATURES)
-    w = np.zeros(FEATURES)
-    for step in range(steps):
-        i = np.arange(step * global_batch, (step + 1) * global_batch, dtype=np.float64)
-        angles = i[:, None] * k[None, :] * 0.37
-        x = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
-        grad = 2 * x.T @ (x @ w - x @ true) / global_batch
-        w = w - LEARNING_RATE * grad
-    counts = np.bincount(np.arange(steps * global_batch) % bins, minlength=bins)
-    return w, counts
+def replay(args: argparse.Namespace, steps: int) -> dict:
+    """The done line of one plain process training the workload on the same global batches."""
+    out = subprocess.run([sys.executable, WORKER, "--workload", args.workload, "--replay",
+                          str(steps), "--global_batch", str(args.global_batch), "--bins",
+                          str(args.bins)], capture_output=True, text=True, timeout=600,
+                         check=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def plan(faults: int, stalls: int, rng: random.Random) -> list[str]:
@@ -369,6 +410,7 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
     faults: list[Fault] = []
     orchestrator_rss: list[tuple[int, float]] = []
     slow: list[dict] = []
+    network: list[dict] = []
     hangs = 0
     try:
         gen = wait(job, lambda: (lambda g: g if len(g["members"]) == workers and job.stepping(
@@ -402,6 +444,9 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
         for kind in ("pause_member", "busy_cores") if args.slow and hosts is None else ():
             slow.append(slow_down(job, kind, rng))
             print(f"[slow] {slow[-1]}", flush=True)
+        for kind in NET_FAULTS if args.net_faults and hosts is not None else ():
+            network.append(network_fault(job, kind))
+            print(f"[network] {network[-1]}", flush=True)
         target = max(r["step"] for r in job.steps()) + 20
         with open(os.path.join(job.control, "stop.tmp"), "w") as f:
             f.write(str(target))
@@ -420,20 +465,22 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
              fail=False)
     finally:
         job.close()
-    weights, counts = replay(target, args.global_batch, args.bins)
+    expected = replay(args, target)
     finished = set(r["node"] for r in finals) >= members
-    histogram = all(r["counts"] == counts.tolist() for r in finals)
+    histogram = all(r["counts"] == expected["counts"] for r in finals)
     print(f"finished at step {target}: nodes {sorted(r['node'] for r in finals)} (steps "
           f"{sorted(r['step'] for r in finals)}), nodes that trained the last step "
           f"{sorted(members)}, id histogram {'as replayed' if histogram else 'DIFFERS'}",
           flush=True)
-    exactly_once = finished and all(r["step"] == target and r["counts"] == counts.tolist()
+    exactly_once = finished and all(r["step"] == target and r["counts"] == expected["counts"]
                                     for r in finals)
-    equal = finished and all(np.allclose(r["weights"], weights, rtol=1e-9, atol=1e-12)
+    equal = finished and all(np.allclose(r["weights"], expected["weights"],
+                                         rtol=REPLAY_RTOL[args.workload], atol=1e-12)
                              for r in finals)
     resources = [r for r in job.records() if "resources" in r]
     return {"faults": faults, "hangs": hangs, "exactly_once": exactly_once,
             "resources": resources, "orchestrator_rss": orchestrator_rss, "slow": slow,
+            "network": network,
             "equal_to_replay": equal, "steps": target, "step_s": step_s,
             "launcher_codes": [launcher.proc.returncode for launcher in job.launchers]}
 
@@ -489,10 +536,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stalls", type=int, default=2,
                         help="of the faults, SIGSTOPs past the heartbeat timeout (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="the faults' random order and offsets")
+    parser.add_argument("--workload", choices=sorted(REPLAY_RTOL), default="linear",
+                        help="the training loop (benchmarks/chaos_workloads.py; default linear)")
     parser.add_argument("--global_batch", type=int, default=12)
     parser.add_argument("--bins", type=int, default=1024, help="histogram bins of element ids")
     parser.add_argument("--compute_ms", type=float, default=10.0,
-                        help="CPU work between steps (default 10 ms)")
+                        help="CPU work between steps of the linear workload (default 10 ms)")
     parser.add_argument("--monitor_interval", type=float, default=1.0,
                         help="the launcher's --monitor_interval (default 1.0, its default)")
     parser.add_argument("--soak", action="store_true",
@@ -509,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
                         "host, three worker hosts; needs root) whose hosts' links go down this "
                         "many times mid-step, each back 1 s after the survivors went on "
                         "(vanished_host_s: the longest link down -> every survivor's first step)")
+    parser.add_argument("--net_faults", action="store_true",
+                        help="a job on network namespaces (as --vanish; after its cuts): 5%% packet loss and a 200 ms delay "
+                        "on one worker host, an asymmetric partition between two worker hosts "
+                        f"(each {NET_FAULT_S:.0f} s), the orchestrator's host cut off for "
+                        f"{ORCHESTRATOR_CUT_S:.0f} s; reports removals, generations and steps "
+                        "during each (network_faults)")
     parser.add_argument("--workers", type=int, default=None,
                         help="workers (default 3; 4 with --soak)")
     parser.add_argument("--keep", help="copy the events file here")
@@ -529,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 import shutil
                 shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
-    vanished = vanished_hosts(args) if args.vanish else None
+    vanished = vanished_hosts(args) if args.vanish or args.net_faults else None
     faults = result["faults"]
     if args.soak:
         print(json.dumps(soak_summary(result)))
@@ -551,11 +606,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"steps {result['steps']}, {result['step_s'] * 1e3:.1f} ms/step before the faults, "
           f"launcher exit codes {result['launcher_codes']}, hangs {result['hangs']}")
     summary = {
+        "workload": args.workload,
         "faults": len(faults),
         "recovery_p50_s": round(statistics.median(recovery), 4),
         "recovery_p90_s": round(nearest_rank_percentile(recovery, 90), 4),
         "recovery_max_s": round(max(recovery), 4),
-        "vanished_host_s": vanished and round(max(f.recovery_s for f in vanished["faults"]), 4),
+        "vanished_host_s": (round(max(f.recovery_s for f in vanished["faults"]), 4)
+                            if vanished and vanished["faults"] else None),
         "lost_steps_max": max(f.lost_steps for f in faults),
         "exactly_once": result["exactly_once"],
         "equal_to_replay": result["equal_to_replay"],
@@ -567,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         "hangs": result["hangs"],
     }
     if vanished:
+        summary["network_faults"] = vanished["network"]
         summary["vanished_exactly_once"] = vanished["exactly_once"]
         summary["vanished_equal_to_replay"] = vanished["equal_to_replay"]
     if args.slow:

@@ -1,10 +1,5 @@
-"""The worker of benchmarks/chaos.py: a realistic elastic loop that a driver hurts where it chooses.
-
-Linear regression (float64, so a single-process replay can be compared) over
-`strategy.distribute_elastic_dataset(tf.data.Dataset.range(...))`, a commit
-every step and --compute_ms of CPU work between steps. Each step's all-reduce
-also sums a histogram of the element ids trained on (`counts`, ids modulo
---bins), so the end shows whether every sample was trained on exactly once.
+"""The worker of benchmarks/chaos.py: a training loop (chaos_workloads.py) that a driver hurts
+where it chooses.
 
 Control files in --control DIR (written by the driver):
 
@@ -28,7 +23,11 @@ import sys
 import time
 
 parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--control", required=True)
+parser.add_argument("--control", help="the driver's control directory (not with --replay)")
+parser.add_argument("--workload", default="linear", help="a loop of chaos_workloads.py")
+parser.add_argument("--replay", type=int, default=None,
+                    help="train this many global batches in one plain process (no strategy) "
+                    "and print the done line: the result the elastic job must equal")
 parser.add_argument("--global_batch", type=int, default=12)
 parser.add_argument("--bins", type=int, default=1024)
 parser.add_argument("--compute_ms", type=float, default=10.0)
@@ -36,57 +35,40 @@ parser.add_argument("--trace", action="store_true",
                     help="print {\"trace\": phase, \"t\"} when each phase of a recovery ends")
 args = parser.parse_args()
 
-import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+from chaos_workloads import WORKLOADS  # noqa: E402
+
+ELEMENTS = 10**12  # the driver ends the job through the stop file
+RESOURCES_EVERY = 100  # steps between {"resources": {"threads", "rss_mb", "fds"}} lines
+KERAS_STEPS = 10**6  # Keras workloads: one epoch of this many global batches, ended by the stop file
+PID = os.getpid()
+
+
+def report_done(workload, node, step: int) -> None:
+    print(json.dumps({"done": True, "node": node, "pid": PID, "step": step,
+                      "weights": workload.weights(), "counts": workload.counts()}), flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if args.replay is not None:
+    workload = WORKLOADS[args.workload](tf.distribute.get_strategy(), args.global_batch,
+                                        args.bins, 0.0, ".")
+    if workload.custom_loop:
+        for ids in tf.data.Dataset.range(args.replay * args.global_batch).batch(
+                args.global_batch):
+            workload.step(ids)
+    else:
+        workload.model.fit(workload.dataset(args.replay * args.global_batch), epochs=1,
+                           verbose=0)
+    report_done(workload, None, args.replay)
 
 import tensorflow_elastic as tfe  # noqa: E402
 
-FEATURES = 8
-LEARNING_RATE = 0.05
-ELEMENTS = 10**12  # the driver ends the job through the stop file
-RESOURCES_EVERY = 100  # steps between {"resources": {"threads", "rss_mb", "fds"}} lines
-PID = os.getpid()
 STOP_FILE = os.path.join(args.control, "stop")
 KILL_FILE = os.path.join(args.control, f"kill-{PID}")
 PAUSE_FILE = os.path.join(args.control, f"pause-{PID}")
-
-
-def features(i):
-    """The features of element ids `i` (float64); numpy and TensorFlow alike."""
-    lib = np if isinstance(i, np.ndarray) else tf.math
-    k = np.arange(1, FEATURES // 2 + 1, dtype=np.float64)
-    angles = i[:, None] * k[None, :] * 0.37
-    if lib is np:
-        return np.concatenate([np.sin(angles), np.cos(angles)], axis=1)
-    return tf.concat([tf.sin(angles), tf.cos(angles)], axis=1)
-
-
-TRUE_WEIGHTS = np.linspace(-1.0, 1.0, FEATURES)
-
-runtime = tfe.init()
-strategy = tfe.ElasticMultiWorkerMirroredStrategy()
-batches = strategy.distribute_elastic_dataset(tf.data.Dataset.range(ELEMENTS), args.global_batch)
-with strategy.scope():
-    weights = tf.Variable(tf.zeros([FEATURES], tf.float64))
-    counts = tf.Variable(tf.zeros([args.bins], tf.float64))
-
-
-@tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
-def train_step(ids):
-    def replica_step(ids):
-        x = features(tf.cast(ids, tf.float64))
-        y = tf.linalg.matvec(x, tf.constant(TRUE_WEIGHTS, tf.float64))
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(tf.square(tf.linalg.matvec(x, weights) - y)) / args.global_batch
-        seen = tf.math.unsorted_segment_sum(tf.ones_like(ids, tf.float64), ids % args.bins,
-                                            args.bins)
-        grad, seen = tf.distribute.get_replica_context().all_reduce(
-            "SUM", [tape.gradient(loss, weights), seen])
-        weights.assign_sub(LEARNING_RATE * grad)
-        counts.assign_add(seen)
-        return loss
-
-    return strategy.reduce("SUM", strategy.run(replica_step, args=(ids,)), axis=None)
 
 
 def chaos_point(name: str) -> None:
@@ -118,7 +100,9 @@ def pause_point() -> None:
         sum(i * i for i in range(10_000))
 
 
-class ChaosState(tfe.TensorFlowState):
+class ChaosPoints:
+    """A state that dies in its commit or its sync when the driver asked for it."""
+
     def commit(self):
         chaos_point("commit")
         super().commit()
@@ -144,12 +128,13 @@ def stop_step() -> float:
         return float("inf")
 
 
-def compute(seconds: float) -> None:
-    """CPU work between steps (what a real loop does: logging, metrics, host-side input)."""
-    a = np.random.RandomState(PID).rand(48, 48)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        a = np.tanh(a @ a)
+def report_step(step: int) -> None:
+    print(json.dumps({"t": time.time(), "step": step, "node": runtime.node_id,
+                      "generation": runtime.generation,
+                      "world": runtime.membership.world_size, "pid": PID}), flush=True)
+    if step % RESOURCES_EVERY == 0:
+        print(json.dumps({"resources": resources(), "t": time.time(), "node": runtime.node_id,
+                          "generation": runtime.generation}), flush=True)
 
 
 def traced(owner, name: str) -> None:
@@ -166,6 +151,38 @@ def traced(owner, name: str) -> None:
     setattr(owner, name, wrapper)
 
 
+runtime = tfe.init()
+strategy = tfe.ElasticMultiWorkerMirroredStrategy()
+workload = WORKLOADS[args.workload](strategy, args.global_batch, args.bins, args.compute_ms,
+                                    args.control)
+
+if workload.custom_loop:
+    class ChaosState(ChaosPoints, tfe.TensorFlowState):
+        pass
+
+    state = ChaosState(workload.variables(), step=0)
+    batches = strategy.distribute_elastic_dataset(tf.data.Dataset.range(ELEMENTS),
+                                                  args.global_batch)
+    workload.step.get_concrete_function()  # a newcomer traces while the members train
+    iterator = iter(batches)
+else:
+    class ChaosState(ChaosPoints, tfe.KerasState):
+        pass
+
+    state = ChaosState(workload.model, workload.model.optimizer, epoch=0, batch=0)
+
+    class Driven(tf.keras.callbacks.Callback):
+        """After the elastic callback's commit: the step line, the driver's pause, the stop."""
+
+        step = 0
+
+        def on_train_batch_end(self, batch, logs=None):
+            Driven.step = step = state.batch
+            report_step(step)
+            pause_point()
+            if step >= stop_step():
+                self.model.stop_training = True
+
 if args.trace:
     for owner, names in ((runtime, ("report_failure",)),
                          (runtime.session.client, ("join", "barrier", "synchronize")),
@@ -174,30 +191,21 @@ if args.trace:
         for name in names:
             traced(owner, name)
 
-state = ChaosState([weights, counts], step=0)
-train_step.get_concrete_function()  # a newcomer traces while the members train
-iterator = iter(batches)
-
 
 @tfe.run
 def train(state):
-    while state.step < stop_step():
-        train_step(next(iterator))
-        state.step += 1
-        print(json.dumps({"t": time.time(), "step": state.step, "node": runtime.node_id,
-                          "generation": runtime.generation,
-                          "world": runtime.membership.world_size, "pid": PID}), flush=True)
-        if state.step % RESOURCES_EVERY == 0:
-            print(json.dumps({"resources": resources(), "t": time.time(), "node": runtime.node_id,
-                              "generation": runtime.generation}), flush=True)
-        compute(args.compute_ms / 1e3)
-        pause_point()
-        state.commit()
+    if workload.custom_loop:
+        while state.step < stop_step():
+            workload.step(next(iterator))
+            state.step += 1
+            report_step(state.step)
+            workload.between_steps(state.step, PID)
+            pause_point()
+            state.commit()
+    else:
+        workload.model.fit(workload.dataset(KERAS_STEPS * args.global_batch), epochs=1,
+                           verbose=0, callbacks=[tfe.keras.ElasticCallback(state), Driven()])
 
 
 train(state)
-print(json.dumps({"done": True, "node": runtime.node_id, "pid": PID, "step": state.step,
-                  "weights": weights.numpy().tolist(), "counts": counts.numpy().tolist()}),
-      flush=True)
-sys.stdout.flush()
-os._exit(0)
+report_done(workload, runtime.node_id, state.step if workload.custom_loop else Driven.step)

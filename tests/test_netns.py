@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests.conftest import netns_hosts
-from tools.netns import Hosts
+from tools.netns import FaultUnavailable, Hosts
 
 # Connects to host 0's port 7000 with a 1 s timeout; prints "ok" or the error's class name.
 _CONNECT = ("import socket, sys\n"
@@ -24,12 +24,12 @@ _SERVE = ("import socket, time\n"
 
 @pytest.fixture
 def hosts():
-    with netns_hosts(2) as made:
+    with netns_hosts(3) as made:
         yield made
 
 
-def _connect(hosts: Hosts, to: int) -> str:
-    out = subprocess.run(hosts.command(1, [sys.executable, "-c", _CONNECT, hosts.address(to)]),
+def _connect(hosts: Hosts, to: int, source: int = 1) -> str:
+    out = subprocess.run(hosts.command(source, [sys.executable, "-c", _CONNECT, hosts.address(to)]),
                          capture_output=True, text=True, timeout=30)
     return out.stdout.strip()
 
@@ -42,6 +42,40 @@ def test_link_down_vanishes_without_reset_and_link_up_returns(hosts):
     assert _connect(hosts, 0) == "TimeoutError"  # no reset: the peer just stops answering
     hosts.link_up(0)
     assert _connect(hosts, 0) == "ok"
+
+
+def _serve_on(hosts: Hosts, i: int) -> None:
+    server = hosts.run(i, [sys.executable, "-c", _SERVE], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+
+
+def test_a_partition_from_one_peer_leaves_the_others_reachable(hosts):
+    _serve_on(hosts, 0)
+    _serve_on(hosts, 2)
+    try:
+        hosts.drop(1, peer=0)
+    except FaultUnavailable as e:
+        pytest.skip(str(e))
+    assert _connect(hosts, 0) == "TimeoutError"
+    assert _connect(hosts, 2) == "ok"
+    assert _connect(hosts, 0, source=2) == "ok"
+    hosts.heal(1)
+    assert _connect(hosts, 0) == "ok"
+
+
+def test_a_delay_slows_a_host_s_packets_or_says_why_it_cannot(hosts):
+    _serve_on(hosts, 0)
+    try:
+        hosts.delay(1, 400)
+    except FaultUnavailable as e:
+        assert "netem" in str(e) or "qdisc" in str(e), e
+        pytest.skip(str(e))
+    timed = ("import socket, sys, time\nt = time.monotonic()\n"
+             "socket.create_connection((sys.argv[1], 7000), timeout=5).close()\n"
+             "print(time.monotonic() - t)\n")
+    out = subprocess.run(hosts.command(1, [sys.executable, "-c", timed, hosts.address(0)]),
+                         capture_output=True, text=True, timeout=30)
+    assert float(out.stdout) >= 0.4, out
 
 
 def test_close_kills_processes_and_deletes_namespaces():

@@ -5,7 +5,10 @@ only; the tensorflow_elastic package never imports it).
 plugged by a veth pair into a bridge that lives in a namespace of its own, so nothing in the
 caller's network stack changes. ``link_down(i)`` unplugs host i at the bridge: its peers get no
 reset and no error, their packets just stop arriving, as after a power loss or a partition;
-``link_up(i)`` plugs it back in. ``run(i, argv)`` starts a process on host i. Leaving the
+``link_up(i)`` plugs it back in. ``drop(i, ...)`` loses a share of host i's packets (all of
+them, or those to and from one peer: an asymmetric partition) with iptables, ``delay(i, ms)``
+delays them with tc's netem; both raise :class:`FaultUnavailable` where the tool or the
+kernel module is missing. ``run(i, argv)`` starts a process on host i. Leaving the
 ``with`` block (or ``close()``) kills the processes it started, by pid, and deletes the
 namespaces, also after a failure.
 
@@ -38,6 +41,10 @@ _STOP_TIMEOUT_S = 10.0
 
 class NetnsUnavailable(RuntimeError):
     """Network namespaces cannot be made here (not root, no iproute2, a sandbox forbids it)."""
+
+
+class FaultUnavailable(RuntimeError):
+    """A network fault cannot be made here (iptables missing, a kernel without netem)."""
 
 
 class Hosts:
@@ -120,6 +127,39 @@ class Hosts:
     def link_up(self, i: int) -> None:
         """Plugs host i back in; its connections resume where TCP's retransmissions left them."""
         _ip("-n", self._switch, "link", "set", self._port(i), "up")
+
+    def drop(self, i: int, probability: float = 1.0, peer: int | None = None) -> None:
+        """Host i loses `probability` of the packets it sends and receives (only those to and
+        from host `peer`, when given); `heal(i)` ends it."""
+        if shutil.which("iptables") is None:
+            raise FaultUnavailable("packet loss needs iptables (Debian package iptables)")
+        match = ["-m", "statistic", "--mode", "random", "--probability", f"{probability:.4f}"]
+        for chain, direction in (("INPUT", "-s"), ("OUTPUT", "-d")):
+            where = [] if peer is None else [direction, self.address(peer)]
+            self._in(i, "iptables", "-A", chain, *where, *match, "-j", "DROP")
+
+    def delay(self, i: int, ms: float) -> None:
+        """Host i's outgoing packets wait `ms` (tc netem); `heal(i)` ends it."""
+        if shutil.which("tc") is None:
+            raise FaultUnavailable("delays need tc (iproute2)")
+        try:
+            self._in(i, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", f"{ms}ms")
+        except FaultUnavailable as e:
+            raise FaultUnavailable(f"delays need the kernel's netem qdisc (sch_netem), which "
+                                   f"this kernel does not offer: {e}") from None
+
+    def heal(self, i: int) -> None:
+        """Ends host i's drops and delays."""
+        if shutil.which("iptables") is not None:
+            self._in(i, "iptables", "-F")
+        subprocess.run(self.command(i, ["tc", "qdisc", "del", "dev", "eth0", "root"]),
+                       capture_output=True, timeout=_IP_TIMEOUT_S)  # none there: nothing to do
+
+    def _in(self, i: int, *argv: str) -> None:
+        done = subprocess.run(self.command(i, argv), capture_output=True, text=True,
+                              timeout=_IP_TIMEOUT_S)
+        if done.returncode != 0:
+            raise FaultUnavailable(f"`{' '.join(argv)}` failed: {done.stderr.strip()}")
 
     def close(self) -> None:
         """Kills the processes started here (SIGCONT first, for stopped ones), then deletes the

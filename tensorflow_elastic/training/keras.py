@@ -12,6 +12,8 @@ re-form continues the interrupted pass: no example repeats or goes missing.
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from typing import Any, Callable, Iterable
 
 import tensorflow as tf
@@ -20,9 +22,21 @@ from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.training.state import State
 
-# The world size each model's train function was traced for (by id(model)): Keras
-# bakes `num_replicas_in_sync` into the loss scaling of its traced functions.
-_traced_world: dict[int, int] = {}
+_FUNCTIONS = ("train_function", "test_function", "predict_function")
+
+
+@dataclasses.dataclass
+class _Traced:
+    """A model's traced functions for each world size it has trained at. Keras bakes
+    `num_replicas_in_sync` into the loss scaling of its traced functions, so a world size
+    change needs functions traced for the new size: traced once per size, then reused (a
+    traced function serves every generation of its world size)."""
+
+    world: int
+    functions: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+_traced: "weakref.WeakKeyDictionary[Any, _Traced]" = weakref.WeakKeyDictionary()
 
 
 class ElasticCallback(tf.keras.callbacks.Callback):
@@ -323,16 +337,20 @@ def _build_compiled_containers(model: Any, element_spec: Any) -> None:
 
 
 def _retrace_if_world_changed(model: Any, world: int) -> None:
-    """Retraces the model's functions when the world size differs from the one they were
-    traced for (their loss scaling is 1 / world size, a constant in the trace)."""
-    traced = _traced_world.get(id(model))
-    _traced_world[id(model)] = world
-    if traced is None or traced == world:
+    """Gives the model the functions traced for `world` when it last trained at another world
+    size: the ones kept from an earlier time at this size, or none (Keras traces anew)."""
+    traced = _traced.setdefault(model, _Traced(world))
+    if traced.world == world:
         return
-    if getattr(model, "train_function", None) is not None:
-        model.make_train_function(force=True)
-    model.test_function = None
-    model.predict_function = None
+    traced.functions[traced.world] = {name: getattr(model, name, None) for name in _FUNCTIONS}
+    traced.world = world
+    for name, function in traced.functions.get(world, {}).items():
+        setattr(model, name, function)
+    if world not in traced.functions:
+        if getattr(model, "train_function", None) is not None:
+            model.make_train_function(force=True)
+        model.test_function = None
+        model.predict_function = None
 
 
 def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,

@@ -83,7 +83,7 @@ class State:
     A larger value spares large models most of the snapshot's cost (for
     variables, a copy of each updated buffer per snapshot) at the price of up to
     `snapshot_every` steps redone after a crash; a join or a leave still loses
-    nothing. See docs/strategy.md for measurements.
+    nothing. Measurements: benchmarks/RESULTS.md.
     """
 
     def __init__(self, *, snapshot_every: int = 1, **values: Any):

@@ -73,9 +73,9 @@ def test_help_documents_the_exit_codes(module, codes):
 
 
 def test_docs_document_the_exit_codes():
-    with open(os.path.join(REPO_ROOT, "docs", "launcher.md"), encoding="utf-8") as f:
+    with open(os.path.join(REPO_ROOT, "docs", "reference", "exit_codes.md"), encoding="utf-8") as f:
         text = f.read()
-    assert "## Exit codes" in text and "128+S" in text
+    assert "## `tfelastic-run`" in text and "## `tensorflowrun`" in text and "128+S" in text
 
 
 def test_m_runs_a_module_as_python_m(tmp_path):
