@@ -61,26 +61,6 @@ def split_batches(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool]
             bool(_constant(node._drop_remainder, "drop_remainder")))
 
 
-def _batches_per_pass(examples: tf.data.Dataset, global_batch_size: int,
-                      drop_remainder: bool) -> int | None:
-    count = int(examples.cardinality()) if tf.executing_eagerly() else -1
-    if count < 0:
-        return None
-    return count // global_batch_size if drop_remainder else -(-count // global_batch_size)
-
-
-def global_batches_per_pass(dataset: tf.data.Dataset) -> int | None:
-    """Global batches in one pass of the batched `dataset` as the elastic input reads it (known
-    for TFRecord files, which stock tf.data cannot count); None if endless or unknown.
-
-    Raises ValueError, as `distribute_batched` would, for a pipeline it cannot take.
-    """
-    examples, global_batch_size, drop_remainder = split_batches(dataset)
-    examples, shuffle = split_shuffle(examples)
-    return _batches_per_pass(addressable(examples, shuffled=shuffle is not None),
-                             global_batch_size, drop_remainder)
-
-
 class PositionedElasticDataset(ElasticDataset):
     """An elastic dataset each of whose new iterators starts at `position` (in global batches).
 
@@ -101,8 +81,12 @@ class PositionedElasticDataset(ElasticDataset):
         self.epoch = 0
         # (epoch, the elastic dataset over that epoch's order), sharing this cursor.
         self._epoch_input: tuple[int, ElasticDataset] | None = None
+        examples = int(dataset.cardinality()) if tf.executing_eagerly() else -1
         # Global batches in a pass; None for an endless input or one of unknown size.
-        self.batches_per_pass = _batches_per_pass(dataset, global_batch_size, drop_remainder)
+        self.batches_per_pass: int | None = None
+        if examples >= 0:
+            self.batches_per_pass = (examples // global_batch_size if drop_remainder
+                                     else -(-examples // global_batch_size))
 
     def seek(self, position: int, epoch: int = 0) -> None:
         """Starts the next global batch (of this and every later iterator) at `position`; a new

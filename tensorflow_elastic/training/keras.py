@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
-from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.training.state import State
 
@@ -85,10 +84,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
-        passes = None if self._input is None else self._input.batches_per_pass
         if self.steps_per_epoch is None:
-            # Keras cannot count some inputs the elastic input can (TFRecord files).
-            self.steps_per_epoch = self.params.get("steps") or passes
+            self.steps_per_epoch = self.params.get("steps")
+        passes = None if self._input is None else self._input.batches_per_pass
         if passes is not None and self.steps_per_epoch not in (None, passes):
             raise ValueError(
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
@@ -367,9 +365,6 @@ def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,
     `ElasticCallback`.
     """
     cardinality = int(dataset.cardinality())
-    if steps_per_epoch is None and cardinality < 0 and isinstance(dataset, tf.data.Dataset):
-        # Stock tf.data cannot count TFRecord files; the elastic input reads them by index.
-        cardinality = global_batches_per_pass(dataset) or cardinality
     if steps_per_epoch is None and cardinality < 0:
         raise ValueError("the input is endless or of unknown size: pass steps_per_epoch")
     if steps_per_epoch is not None and steps_per_epoch < 1:
