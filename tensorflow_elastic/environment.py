@@ -40,6 +40,9 @@ ORCHESTRATOR_WAIT = "TFE_ORCHESTRATOR_WAIT"
 # Seconds a worker's interpreter may take to exit before it dumps its threads' stacks and ends.
 EXIT_TIMEOUT = "TFE_EXIT_TIMEOUT"
 
+# ---- input
+TFRECORD_INDEX_DIR = "TFE_TFRECORD_INDEX_DIR"  # where TFRecord indexes are kept between processes
+
 # ---- parameter-server mode
 PS_ROLE = "TFE_PS_ROLE"                 # "ps" or "worker"
 PS_ADDRESS = "TFE_PS_ADDRESS"

@@ -9,7 +9,8 @@ whoever knows how far training got (the elastic Keras callback): every new
 iterator starts there, so a `fit` called again after a re-form continues the
 interrupted pass instead of starting it over. A `.shuffle` right before that
 batch becomes a permutation of the pass seeded by the epoch (data/shuffle.py),
-which the position also names: (epoch, global batch).
+which the position also names: (epoch, global batch). A pipeline that reads
+TFRecord files is read by record index (data/addressable.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tensorflow as tf
 from tensorflow.python.data.ops import batch_op, dataset_ops, prefetch_op
 from tensorflow.python.framework import tensor_util
 
+from tensorflow_elastic.data.addressable import addressable
 from tensorflow_elastic.data.elastic_dataset import ElasticDataset
 from tensorflow_elastic.data.shuffle import Shuffle, split_shuffle
 from tensorflow_elastic.tf_internals import private
@@ -115,5 +117,6 @@ def distribute_batched(dataset: tf.data.Dataset, world_size: tf.Variable,
     """This worker's slices of the global batches of the batched `dataset`; see `split_batches`."""
     examples, global_batch_size, drop_remainder = split_batches(dataset)
     examples, shuffle = split_shuffle(examples)
+    examples = addressable(examples, shuffled=shuffle is not None)
     return PositionedElasticDataset(examples, global_batch_size, world_size, rank, drop_remainder,
                                     shuffle)

@@ -15,6 +15,7 @@ import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.ops import resource_variable_ops
 
+from tensorflow_elastic.data.addressable import addressable
 from tensorflow_elastic.ops import load_op_library
 from tensorflow_elastic.tf_internals import private
 
@@ -148,6 +149,9 @@ def elastic_dataset(dataset: tf.data.Dataset, global_batch_size: int, world_size
 
     `world_size` and `rank` are the strategy's scalar int64 CPU variables
     (rank in 0..world_size-1), `cursor` the input's position in global batches
-    (a new one at 0 if omitted). All three are read at every element.
+    (a new one at 0 if omitted). All three are read at every element. A `dataset` that reads
+    TFRecord files is read by record index (see data/addressable.py).
     """
+    if isinstance(dataset, tf.data.Dataset):
+        dataset = addressable(dataset, shuffled=False)
     return ElasticDataset(dataset, global_batch_size, world_size, rank, cursor, drop_remainder)

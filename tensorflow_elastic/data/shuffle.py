@@ -58,7 +58,8 @@ def epoch_order(examples: tf.data.Dataset, seed: int, epoch: int) -> tf.data.Dat
             f"the input's shuffle cannot be made the same on every worker: the elastic input "
             f"permutes a whole pass by index, which needs a finite input of known size whose "
             f"transformations all support random access (range, from_tensor_slices, map, ...; "
-            f"not filter, from_generator, files read record by record: see "
+            f"TFRecordDataset over a list of uncompressed files, or a deterministic interleave "
+            f"of it; not filter, from_generator, other files read record by record: see "
             f"tensorflow_elastic.data.indexed_records). TensorFlow says: {e.message}") from None
 
 

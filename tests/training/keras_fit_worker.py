@@ -6,7 +6,9 @@ times each id was trained on (only_first_replica + an explicit all-reduce,
 the way that counts correctly under a strategy).
 
 The input is shuffled (`.shuffle` before the batch: the elastic input makes
-it a per-epoch order every member shares). A CSVLogger, a ModelCheckpoint and
+it a per-epoch order every member shares). With KERAS_FIT_TFRECORD=direct or
+interleave the examples are read from the TFRecord files in
+KERAS_FIT_TFRECORD_DIR (each holding the ids of its examples). A CSVLogger, a ModelCheckpoint and
 a TensorBoard write into KERAS_FIT_OUT (they must run on the current chief only). With
 KERAS_FIT_PLAIN=1 the worker calls a plain `model.fit` with the elastic
 callback (and wraps the file writers itself) instead of `fit_elastic`.
@@ -89,7 +91,20 @@ class CountingModel(keras.Model):
         return super().train_step(data)
 
 
-examples = tf.data.Dataset.range(EXAMPLES).map(make_example)
+def tfrecord_examples(form):
+    """The examples from the TFRecord files in KERAS_FIT_TFRECORD_DIR (example i has feature
+    "id" = i), as users read them: `direct` or through an `interleave` of the file list."""
+    files = sorted(tf.io.gfile.glob(os.path.join(os.environ["KERAS_FIT_TFRECORD_DIR"], "*")))
+    records = (tf.data.TFRecordDataset(files) if form == "direct" else
+               tf.data.Dataset.from_tensor_slices(files).interleave(
+                   tf.data.TFRecordDataset, cycle_length=4, deterministic=True))
+    return records.map(lambda record: make_example(tf.io.parse_single_example(
+        record, {"id": tf.io.FixedLenFeature([], tf.int64)})["id"]))
+
+
+TFRECORD = os.environ.get("KERAS_FIT_TFRECORD")
+examples = (tfrecord_examples(TFRECORD) if TFRECORD else
+            tf.data.Dataset.range(EXAMPLES).map(make_example))
 dataset = examples.shuffle(EXAMPLES, seed=5).batch(GLOBAL_BATCH)
 # Validation examples after the training ones, 4 global batches.
 validation = tf.data.Dataset.range(EXAMPLES, EXAMPLES + 4 * GLOBAL_BATCH).map(
@@ -151,10 +166,12 @@ def report_done(evaluated, predicted):
 
 
 if REFERENCE:
+    from tensorflow_elastic.data.addressable import addressable
     from tensorflow_elastic.data.shuffle import split_shuffle
 
     # The order the elastic input gives each epoch, one epoch at a time.
     _, shuffle = split_shuffle(dataset._input_dataset)
+    examples = addressable(examples, shuffled=True)
     for epoch in range(EPOCHS):
         model.fit(shuffle.order(examples, epoch).batch(GLOBAL_BATCH), initial_epoch=epoch,
                   epochs=epoch + 1, verbose=0, validation_data=validation,
