@@ -42,7 +42,7 @@ def _reference(subprocess_env, env) -> dict:
 # Open: Keras 3 cannot count a TFRecord pipeline (its cardinality is unknown to stock tf.data),
 # and resuming an epoch of it mid-pass fails ("needs steps_per_epoch"); reading steps_per_epoch
 # from the elastic input's count instead made the resumed epoch run past the pass.
-@pytest.mark.skip(reason="Keras fit cannot yet resume an epoch of an input of unknown size")
+@pytest.mark.skip(reason="Keras fit cannot yet resume an epoch of TFRecord files (docs/elastic_input.md, Your pipeline)")
 @pytest.mark.parametrize("form, plain_fit", [("direct", True), ("interleave", False)])
 def test_fit_over_tfrecord_files_exactly_once_across_kills_and_joins(
         orchestrator, start_workers, subprocess_env, tmp_path, form, plain_fit):
