@@ -169,11 +169,14 @@ def _selects(selector: dict, labels: dict[str, str]) -> bool:
     return selector["matchLabels"].items() <= labels.items()
 
 
-def test_only_the_job_s_pods_reach_the_workers_tensorflow_servers(resource):
-    """The TensorFlow servers take no token: their port is open to the job's pods alone."""
-    workers = resource("StatefulSet", "tfelastic-worker")
+@pytest.mark.parametrize("kind, name", [("StatefulSet", "tfelastic-worker"),
+                                        ("Job", "tfelastic-job-worker")])
+def test_only_the_job_s_pods_reach_the_workers_tensorflow_servers(resource, kind, name):
+    """The TensorFlow servers take no token: their port is open to the job's pods alone, in
+    either form of the workers."""
+    workers = resource(kind, "tfelastic-worker")
     orchestrator = resource("Deployment", "tfelastic-orchestrator")
-    policy = resource("NetworkPolicy", "tfelastic-worker")
+    policy = resource("NetworkPolicy", name)
     assert _selects(policy["spec"]["podSelector"], _pod_labels(workers))
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
