@@ -47,6 +47,8 @@ class VariableSnapshot:
             by_device.setdefault(variable.handle.device, []).append(i)
         self._size = len(variables)
         self._held = len(held)
+        # Why the last take holds a mix of two steps (None: it does not).
+        self._torn: str | None = None
         self._groups = [(_create([held[i] for i in indices]), indices,
                          [held[i].dtype for i in indices])
                         for indices in by_device.values()]
@@ -60,18 +62,37 @@ class VariableSnapshot:
     def take(self) -> tuple[float, ...] | None:
         """Holds every variable's current value; call it between steps, not during one.
 
-        Returns the values of `reported` (None without one).
+        Returns the values of `reported` (None without one). Variables on several devices are
+        held device by device: when one device's take fails after another's succeeded, the
+        snapshot holds a mix of two steps, and `restore()` refuses it until a take succeeds
+        on every device.
         """
         reported = None
-        for take, args in self._take_calls:
-            values = take(*args)
+        for taken, (take, args) in enumerate(self._take_calls):
+            try:
+                values = take(*args)
+            except BaseException as e:
+                if taken:
+                    self._torn = (f"taking it failed on device {taken + 1} of "
+                                  f"{len(self._take_calls)} ({type(e).__name__}: {e}) after the "
+                                  f"others had been taken")
+                raise
             if values is not None:
                 reported = values
+        self._torn = None
         return reported
 
     def restore(self) -> None:
         """Gives `variables` (not `reported`) the values the last `take()` holds, copying nothing:
-        each shares the held buffer until its next update copies it. Call it between steps."""
+        each shares the held buffer until its next update copies it. Call it between steps.
+
+        Raises SnapshotError when the last take held some devices' variables and not the
+        others': restoring would mix two steps.
+        """
+        if self._torn is not None:
+            raise SnapshotError(f"the last snapshot holds a mix of two steps ({self._torn}): "
+                                f"it cannot be restored; this worker must take its state from "
+                                f"the other members (start it again: it joins as a new node)")
         for snapshot, indices, _ in self._groups:
             snapshot.restore(indices.index(self._size) if self._size in indices else -1)
 

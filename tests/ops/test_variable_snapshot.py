@@ -183,3 +183,46 @@ def test_variables_on_several_devices_keep_their_order():
     out = subprocess.run([sys.executable, "-c", _TWO_DEVICES], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip().splitlines()[-1] == "[1.0, 2.0, 3.0]"
+
+
+# A take that fails on the second device after the first was taken (the failure injected: a take
+# cannot be made to fail on its own), then one that succeeds on both.
+_TORN = """
+import tensorflow as tf
+from tensorflow_elastic.ops.variable_snapshot import SnapshotError, VariableSnapshot
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+with tf.device("/cpu:0"):
+    a = tf.Variable(1.0)
+with tf.device("/cpu:1"):
+    b = tf.Variable(2.0)
+snapshot = VariableSnapshot([a, b])
+snapshot.take()
+a.assign(10.0)
+b.assign(20.0)
+take, args = snapshot._take_calls[1]
+def failing(*_):
+    raise RuntimeError("injected")
+snapshot._take_calls[1] = (failing, args)
+try:
+    snapshot.take()
+except RuntimeError:
+    pass
+try:
+    snapshot.restore()
+    print("restored", float(a), float(b))
+except SnapshotError as e:
+    print("refused", "mix of two steps" in str(e), "device 2 of 2" in str(e))
+snapshot._take_calls[1] = (take, args)
+snapshot.take()
+a.assign(0.0)
+b.assign(0.0)
+snapshot.restore()
+print("healed", float(a), float(b))
+"""
+
+
+def test_a_take_that_failed_on_one_device_of_several_is_never_restored_as_a_mix():
+    out = subprocess.run([sys.executable, "-c", _TORN], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout.strip().splitlines()[-2:] == ["refused True True", "healed 10.0 20.0"]
