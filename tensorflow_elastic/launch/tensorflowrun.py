@@ -333,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
         args.token_file = args.token_file and os.path.abspath(args.token_file)
         server = embedded.serve(args.rdzv_endpoint, token, args.tls_cert, args.tls_key,
                                 args.insecure, args.events_file,
+                                # Its hosts' agents come and go (a failing host leaves and is
+                                # started again after its cool-down): an ended run takes them
+                                # back; tensorflowrun itself decides when the job is over.
+                                one_job=False,
                                 metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     except (OSError, ValueError) as e:
         _die(str(e))
