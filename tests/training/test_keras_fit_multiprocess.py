@@ -88,14 +88,17 @@ def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
     member.signal(signal.SIGKILL)
     survivors = [w for w in workers if w is not member]
     first_newcomer = start(1)[0]
-    first_newcomer.wait_for_step(STEPS // 3)
-    chief = _node(survivors, min(w.node_id for w in survivors))
-    chief.signal(signal.SIGKILL)
     # A healthy newcomer joins with failing ones, likely in the same state sync: it must finish.
+    # They start now, while the job has most of its steps left: started after the chief's kill,
+    # they could arrive after the survivors finished (a re-form takes a fraction of a second,
+    # a TensorFlow process several seconds to start on a busy machine).
     second_newcomer = start(1)[0]
     misfit = start(1, KERAS_FIT_EXTRA_WEIGHT="1")[0]
     dying = start(1, KERAS_FIT_DIE_IN_SYNC="1")[0]
     misshapen = start(1, KERAS_FIT_BAD_SYNC="1")[0]
+    first_newcomer.wait_for_step(STEPS // 3)
+    chief = _node(survivors, min(w.node_id for w in survivors))
+    chief.signal(signal.SIGKILL)
     second_newcomer.wait_for_step(2 * STEPS // 3)
     finishers = [w for w in survivors if w is not chief] + [first_newcomer, second_newcomer]
     assert misfit.wait() != 0
