@@ -43,7 +43,7 @@ def _sources_digest() -> str:
 
 
 @pytest.fixture(scope="module")
-def asan_library(request) -> tuple[str, str]:
+def asan_library(request, tmp_path_factory) -> tuple[str, str]:
     """(the op library built with AddressSanitizer, what LD_PRELOAD needs to load it)."""
     try:
         runtime = build_ops.asan_runtime()
@@ -51,8 +51,9 @@ def asan_library(request) -> tuple[str, str]:
             ["g++", "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip())
     except build_ops.BuildError as e:
         pytest.skip(str(e))
-    library = os.path.join(str(request.config.cache.mkdir("asan-ops")),
-                           f"_ops-{_sources_digest()}.so")
+    cache = getattr(request.config, "cache", None)  # none with -p no:cacheprovider
+    where = cache.mkdir("asan-ops") if cache is not None else tmp_path_factory.mktemp("asan-ops")
+    library = os.path.join(str(where), f"_ops-{_sources_digest()}.so")
     if not os.path.exists(library):
         import pybind11
 
