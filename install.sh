@@ -76,6 +76,16 @@ else
   apt_install etcd-server
 fi
 
+step "iptables (the network-fault tests and chaos.py --net_faults; optional)"
+if command -v iptables >/dev/null; then
+  echo "using $(iptables --version)"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing Debian's iptables"
+  apt_install iptables
+else
+  echo "not installed: the packet-loss and partition tests skip (apt-get install iptables)"
+fi
+
 step "Bazel $(cat .bazelversion) (.bazelversion)"
 # bazelisk runs the release of .bazelversion when it can fetch it; Debian's bazel-bootstrap (the
 # same release) is the offline fallback. Either hands over to tools/bazel.
