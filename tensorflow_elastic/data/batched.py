@@ -63,6 +63,33 @@ def split_batches(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool]
             bool(_constant(private(node, "_drop_remainder"), "drop_remainder")))
 
 
+def _batches_per_pass(examples: tf.data.Dataset, global_batch_size: int,
+                      drop_remainder: bool) -> int | None:
+    count = int(examples.cardinality()) if tf.executing_eagerly() else -1
+    if count < 0:
+        return None
+    return count // global_batch_size if drop_remainder else -(-count // global_batch_size)
+
+
+def _examples_read(dataset: tf.data.Dataset) -> tuple[tf.data.Dataset, int, bool, Shuffle | None]:
+    """(the examples as the elastic input reads them, global batch size, drop_remainder, the
+    shuffle) of the batched `dataset`."""
+    examples, global_batch_size, drop_remainder = split_batches(dataset)
+    examples, shuffle = split_shuffle(examples)
+    return (addressable(examples, shuffled=shuffle is not None), global_batch_size,
+            drop_remainder, shuffle)
+
+
+def global_batches_per_pass(dataset: tf.data.Dataset) -> int | None:
+    """Global batches in one pass of the batched `dataset` as the elastic input reads it (known
+    for TFRecord files, which stock tf.data cannot count); None if endless or unknown.
+
+    Raises ValueError, as `distribute_batched` would, for a pipeline it cannot take.
+    """
+    examples, global_batch_size, drop_remainder, _ = _examples_read(dataset)
+    return _batches_per_pass(examples, global_batch_size, drop_remainder)
+
+
 class PositionedElasticDataset(ElasticDataset):
     """An elastic dataset each of whose new iterators starts at `position` (in global batches).
 
@@ -83,12 +110,8 @@ class PositionedElasticDataset(ElasticDataset):
         self.epoch = 0
         # (epoch, the elastic dataset over that epoch's order), sharing this cursor.
         self._epoch_input: tuple[int, ElasticDataset] | None = None
-        examples = int(dataset.cardinality()) if tf.executing_eagerly() else -1
         # Global batches in a pass; None for an endless input or one of unknown size.
-        self.batches_per_pass: int | None = None
-        if examples >= 0:
-            self.batches_per_pass = (examples // global_batch_size if drop_remainder
-                                     else -(-examples // global_batch_size))
+        self.batches_per_pass = _batches_per_pass(dataset, global_batch_size, drop_remainder)
 
     def seek(self, position: int, epoch: int = 0) -> None:
         """Starts the next global batch (of this and every later iterator) at `position`; a new
@@ -115,8 +138,6 @@ class PositionedElasticDataset(ElasticDataset):
 def distribute_batched(dataset: tf.data.Dataset, world_size: tf.Variable,
                        rank: tf.Variable) -> PositionedElasticDataset:
     """This worker's slices of the global batches of the batched `dataset`; see `split_batches`."""
-    examples, global_batch_size, drop_remainder = split_batches(dataset)
-    examples, shuffle = split_shuffle(examples)
-    examples = addressable(examples, shuffled=shuffle is not None)
+    examples, global_batch_size, drop_remainder, shuffle = _examples_read(dataset)
     return PositionedElasticDataset(examples, global_batch_size, world_size, rank, drop_remainder,
                                     shuffle)

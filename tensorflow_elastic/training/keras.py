@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 import tensorflow as tf
 
+from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.tf_internals import private, require
 from tensorflow_elastic.training.state import State
@@ -76,6 +77,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # Keras numbers a resumed epoch's batches from 0 (Keras 3) or from its first (tf-keras).
         self._numbered_from_first = False
         self._stop_resumed_epoch = False
+        # Whether Keras cannot count the input's pass (TFRecord files: the elastic input can).
+        self._stop_every_epoch = False
         # An epoch's end is committed after every callback's on_epoch_end (file writers
         # included), at the next epoch's start or the training's end.
         self._epoch_end_pending = False
@@ -88,9 +91,15 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
-        if self.steps_per_epoch is None:
-            self.steps_per_epoch = self.params.get("steps")
         passes = None if self._input is None else self._input.batches_per_pass
+        counted = self.params.get("steps")
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = counted or passes
+        # Keras that cannot count a finite input would let every epoch run out: one more,
+        # failing, step (whose ops that do not read the input run all the same), and a
+        # resumed epoch numbered from 0 would reach past the pass. The callback stops each
+        # epoch after its last batch instead.
+        self._stop_every_epoch = not counted and self.steps_per_epoch is not None
         if passes is not None and self.steps_per_epoch not in (None, passes):
             raise ValueError(
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
@@ -155,7 +164,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             # Keras may make the next epoch's iterator before that epoch's on_epoch_begin
             # (tf-keras always, Keras 3 given steps_per_epoch): it reads the next epoch's order.
             self._input.seek(self._position(self.state.epoch + 1, 0), self.state.epoch + 1)
-        if last and self._stop_resumed_epoch:
+        if last and (self._stop_resumed_epoch or self._stop_every_epoch):
             self.model.stop_training = True
         elif self.state.batch % self.commit_every == 0 and not last:
             self.state.commit()
@@ -167,8 +176,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"epoch {epoch} ended after {self.state.batch} of its {self.steps_per_epoch} "
                 f"batches: with Keras 3, leave steps_per_epoch out for a finite input (given, "
                 f"Keras reuses the epoch's iterator and its count after a resumed epoch)")
-        if self._stop_resumed_epoch:
-            # The resumed epoch is over, not the training.
+        if self._stop_resumed_epoch or self._stop_every_epoch:
+            # The epoch is over, not the training.
             self._stop_resumed_epoch = False
             self.model.stop_training = False
         self.state.epoch = epoch + 1
@@ -418,6 +427,9 @@ def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,
     `ElasticCallback`.
     """
     cardinality = int(dataset.cardinality())
+    if steps_per_epoch is None and cardinality < 0 and isinstance(dataset, tf.data.Dataset):
+        # Stock tf.data cannot count TFRecord files; the elastic input reads them by index.
+        cardinality = global_batches_per_pass(dataset) or cardinality
     if steps_per_epoch is None and cardinality < 0:
         raise ValueError("the input is endless or of unknown size: pass steps_per_epoch")
     if steps_per_epoch is not None and steps_per_epoch < 1:

@@ -195,7 +195,8 @@ if os.environ.get("KERAS_FIT_BAD_SYNC") == "1":
     strategy.extended.broadcast_variables = broadcast_misshapen
 
 state = tfe.KerasState(model, model.optimizer, epoch=0, batch=0)
-steps_per_epoch = int(dataset.cardinality())
+# Global batches per pass (stock tf.data cannot count TFRecord files).
+steps_per_epoch = -(-EXAMPLES // GLOBAL_BATCH)
 
 
 class Report(keras.callbacks.Callback):
