@@ -95,10 +95,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         counted = self.params.get("steps")
         if self.steps_per_epoch is None:
             self.steps_per_epoch = counted or passes
-        # Keras that cannot count a finite input would let every epoch run out: one more,
-        # failing, step (whose ops that do not read the input run all the same), and a
-        # resumed epoch numbered from 0 would reach past the pass. The callback stops each
-        # epoch after its last batch instead.
+        # Keras that cannot count the pass (TFRecord files: the elastic input counts them) would
+        # wait for the input to run out, which it does not: at the epoch's last batch the input
+        # is set to the next epoch's start (below). The callback stops each epoch there.
         self._stop_every_epoch = not counted and self.steps_per_epoch is not None
         if passes is not None and self.steps_per_epoch not in (None, passes):
             raise ValueError(

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from tensorflow_elastic.data import tfrecord_records
 from tensorflow_elastic.data.addressable import addressable
-from tensorflow_elastic.data.batched import distribute_batched
+from tensorflow_elastic.data.batched import distribute_batched, global_batches_per_pass
 from tensorflow_elastic.data.tfrecord import TFRecordIndex
 from tests.data.tfrecord_files import parse, write_files
 
@@ -99,3 +99,11 @@ def test_other_pipelines_are_left_as_they_are(files):
                    lambda f: tf.data.TFRecordDataset(f).map(parse), cycle_length=2)]
     for stream in streams:
         assert addressable(stream, shuffled=False) is stream
+
+
+def test_a_pass_is_counted_though_stock_tf_data_cannot(files):
+    pipeline = tf.data.TFRecordDataset(files).map(parse).shuffle(8, seed=1).batch(6)
+    assert int(pipeline.cardinality()) < 0
+    assert global_batches_per_pass(pipeline) == -(-sum(COUNTS) // 6)
+    assert global_batches_per_pass(tf.data.Dataset.range(9).filter(lambda x: True).batch(2)) \
+        is None
