@@ -6,12 +6,14 @@ restarting it only spends ``--max_restarts``. Two failures are the same when
 they have one *signature*: the exception's type, message and traceback from
 the worker's error file, or, without one, the exit code and the last output
 line. Failures a restart may well cure have none: a signal (OOM, preemption,
-SIGKILL) and the errors of a lost peer, connection or timeout.
+SIGKILL) and the errors of a lost peer, connection or timeout. TensorFlow names
+the device an op ran on in its errors, with the worker's task: that is left out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Sequence
 
 from tensorflow_elastic.launch.error_files import WorkerFailure
@@ -29,6 +31,9 @@ TRANSIENT_ERRORS = frozenset({
     "RendezvousTimeoutError", "OrchestratorUnreachableError", "NotLeaderError",
     "ElasticJobFailed", "MembershipChanged",
 })
+
+# A device in TensorFlow's error messages: "/job:worker/replica:0/task:3/device:CPU:0".
+_DEVICE_TASK = re.compile(r"(/job:[^/\s]+/replica:\d+/task:)\d+")
 
 # How long workers that failed wait for the others still running, before they are restarted.
 WAIT_FOR_OTHERS_S = 10.0
@@ -53,9 +58,15 @@ def signature(failure: WorkerFailure) -> tuple | None:
     if failure.error_type:
         if failure.error_type in TRANSIENT_ERRORS:
             return None
-        return failure.exit_code, failure.error_type, failure.message, failure.traceback
+        return (failure.exit_code, failure.error_type, _any_task(failure.message),
+                _any_task(failure.traceback))
     last_line = next((line for line in reversed(failure.output_tail) if line.strip()), "")
-    return failure.exit_code, "", last_line, ""
+    return failure.exit_code, "", _any_task(last_line), ""
+
+
+def _any_task(text: str) -> str:
+    """`text` with the task of every TensorFlow device in it left out: each worker is a task."""
+    return _DEVICE_TASK.sub(r"\1*", text)
 
 
 def user_error(exit_codes: Sequence[int | None], failures: Sequence[WorkerFailure]

@@ -29,6 +29,17 @@ def test_without_an_error_file_the_exit_code_and_last_line_sign():
     assert signature(usage) != signature(failure(1, error="", code=2, tail=["other"]))
 
 
+def test_the_task_in_tensorflow_device_names_does_not_sign():
+    def failing_op(rank, task, file="a.tfrecord"):
+        return failure(rank, error="DataLossError", message=(
+            f"{{{{function_node __wrapped__TFRecordIndex_device_/job:worker/replica:0/task:{task}"
+            f"/device:CPU:0}}}} TFRecord file {file}: truncated file [Op:TFRecordIndex]"))
+
+    assert signature(failing_op(0, 4)) == signature(failing_op(1, 5))
+    assert signature(failing_op(0, 4)) != signature(failing_op(1, 5, file="b.tfrecord"))
+    assert user_error((1, 1), [failing_op(0, 4), failing_op(1, 5)]) is not None
+
+
 CASES = [
     # (exit codes, failures oldest first) -> the user error's worker and why, or None
     ("every worker the same before the first step", (1, 1), [failure(0), failure(1)],

@@ -166,3 +166,32 @@ def test_a_secured_job_passes_its_token_and_tls_trust_down_to_every_worker(start
     joined = proc.wait_for(r"joined as node (\d+) of generation 1", count=2)
     assert {int(m.group(1)) for m in joined} == {0, 1}
 
+
+
+@pytest.mark.parametrize("bad, error", [
+    ("truncated", r"DataLossError: .*part-001\.tfrecord: truncated file: .* at offset \d+"),
+    ("no files", r"ValueError: the TFRecord input has no files")])
+def test_a_bad_tfrecord_input_every_worker_hits_ends_the_job_at_once(start, tmp_path,
+                                                                      monkeypatch, bad, error):
+    """A plain `model.fit` over TFRecord files that cannot be read: a setup error every worker
+    hits, the same way, so the job ends at once with it instead of restarting its workers."""
+    from tests.data.tfrecord_files import write_files
+
+    data = tmp_path / "data"
+    data.mkdir()
+    if bad == "truncated":
+        files = write_files(str(data), [40, 40])
+        with open(files[1], "r+b") as f:
+            f.truncate(os.path.getsize(files[1]) - 3)
+    for name, value in {"TF_USE_LEGACY_KERAS": "0", "KERAS_FIT_PLAIN": "1",
+                        "KERAS_FIT_TFRECORD": "direct", "KERAS_FIT_TFRECORD_DIR": str(data),
+                        "KERAS_FIT_OUT": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    proc = start("--standalone", "--nproc-per-node", "2", "--max-restarts", "5",
+                 os.path.join(REPO_ROOT, "tests", "training", "keras_fit_worker.py"),
+                 "1", "80", "8", "0")
+    assert proc.wait(120) == 1, proc.output
+    assert {rank: len(pids) for rank, pids in proc.worker_pids().items()} == {0: 1, 1: 1}
+    assert "every worker failed the same way before the first step: not restarted" in \
+        proc.output, proc.output
+    assert re.search(error, proc.output), proc.output
