@@ -59,8 +59,9 @@ def epoch_order(examples: tf.data.Dataset, seed: int, epoch: int) -> tf.data.Dat
             f"permutes a whole pass by index, which needs a finite input of known size whose "
             f"transformations all support random access (range, from_tensor_slices, map, ...; "
             f"TFRecordDataset over a list of uncompressed files, or a deterministic interleave "
-            f"of it; not filter, from_generator, other files read record by record: see "
-            f"tensorflow_elastic.data.indexed_records). TensorFlow says: {e.message}") from None
+            f"of it; not filter, ignore_errors, from_generator, other files read record by "
+            f"record: see tensorflow_elastic.data.indexed_records). TensorFlow says: "
+            f"{e.message}") from None
 
 
 def _seed_of(node: _ShuffleDataset) -> int:

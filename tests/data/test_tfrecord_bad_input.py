@@ -35,6 +35,17 @@ def _record_offsets(path):
     return offsets
 
 
+def _corrupt_the_data_of(path, record):
+    """Flips a byte of the data of `record` in `path`; its offset."""
+    offset = _record_offsets(path)[record]
+    with open(path, "r+b") as f:
+        f.seek(offset + 20)
+        byte = f.read(1)
+        f.seek(offset + 20)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return offset
+
+
 def test_a_truncated_file(files, elastic):
     size = os.path.getsize(files[1])
     with open(files[1], "r+b") as f:
@@ -55,18 +66,26 @@ def test_a_corrupt_length(files, elastic):
 
 
 def test_a_corrupt_record_is_found_when_read(files, elastic):
-    offset = _record_offsets(files[1])[3]
-    with open(files[1], "r+b") as f:
-        f.seek(offset + 20)
-        byte = f.read(1)
-        f.seek(offset + 20)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    offset = _corrupt_the_data_of(files[1], 3)
     dataset = distribute_batched(_pipeline(files), elastic.int64_variable(1),
                                  elastic.int64_variable(0))
     with pytest.raises(tf.errors.DataLossError,
                        match=rf"{files[1]}: corrupt record \(the CRC of its data does not "
                              rf"match\) at offset {offset}"):
         list(dataset)
+
+
+def test_ignore_errors_skips_as_stock_tf_data_does_and_cannot_be_shuffled(files, elastic):
+    """Only a user who asks skips records: the pipeline is then a stream (what the stock reader
+    reads past a corrupt record is unknown in advance), refused with a shuffle."""
+    _corrupt_the_data_of(files[1], 3)
+    examples = tf.data.TFRecordDataset(files).map(parse).ignore_errors()
+    stock = [int(i) for i, _ in examples]
+    elastic_ids = [int(i) for ids, _ in distribute_batched(
+        examples.batch(4), elastic.int64_variable(1), elastic.int64_variable(0)) for i in ids]
+    assert elastic_ids == stock and 8 not in stock
+    with pytest.raises(ValueError, match="not filter, ignore_errors"):
+        _first_batch(elastic, examples.shuffle(8, seed=1).batch(4))
 
 
 def test_a_missing_file(files, elastic):
