@@ -125,6 +125,10 @@ class ElasticBatchDatasetOp : public UnaryDatasetOpKernel {
  public:
   explicit ElasticBatchDatasetOp(OpKernelConstruction* ctx) : UnaryDatasetOpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("drop_remainder", &drop_remainder_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("local_replicas", &local_replicas_));
+    OP_REQUIRES(ctx, local_replicas_ >= 1,
+                tensorflow::errors::InvalidArgument("local_replicas must be >= 1, got ",
+                                                    local_replicas_));
   }
 
  protected:
@@ -133,17 +137,19 @@ class ElasticBatchDatasetOp : public UnaryDatasetOpKernel {
  private:
   class Dataset;
   bool drop_remainder_ = false;
+  int64_t local_replicas_ = 1;
 };
 
 class ElasticBatchDatasetOp::Dataset : public DatasetBase {
  public:
   Dataset(OpKernelContext* ctx, const DatasetBase* input, int64_t global_batch_size,
-          bool drop_remainder, StateVariable world_size, StateVariable rank,
-          StateVariable cursor)
+          bool drop_remainder, int64_t local_replicas, StateVariable world_size,
+          StateVariable rank, StateVariable cursor)
       : DatasetBase(DatasetContext(ctx)),
         input_(input),
         global_batch_size_(global_batch_size),
         drop_remainder_(drop_remainder),
+        local_replicas_(local_replicas),
         world_size_(std::move(world_size)),
         rank_(std::move(rank)),
         cursor_(std::move(cursor)),
@@ -212,7 +218,11 @@ class ElasticBatchDatasetOp::Dataset : public DatasetBase {
     }
     tensorflow::AttrValue drop_remainder;
     b->BuildAttrValue(drop_remainder_, &drop_remainder);
-    return b->AddDataset(this, inputs, {{"drop_remainder", drop_remainder}}, output);
+    tensorflow::AttrValue local_replicas;
+    b->BuildAttrValue(local_replicas_, &local_replicas);
+    return b->AddDataset(this, inputs,
+                         {{"drop_remainder", drop_remainder}, {"local_replicas", local_replicas}},
+                         output);
   }
 
  private:
@@ -221,6 +231,8 @@ class ElasticBatchDatasetOp::Dataset : public DatasetBase {
   const DatasetBase* const input_;
   const int64_t global_batch_size_;
   const bool drop_remainder_;
+  // Consecutive replicas this worker drives: its slice is theirs (ComputeReplicaRangeSlice).
+  const int64_t local_replicas_;
   const StateVariable world_size_;
   const StateVariable rank_;
   const StateVariable cursor_;
@@ -583,8 +595,8 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
                            std::vector<Tensor>* out_tensors) {
     const int64_t global_batch_size = dataset()->global_batch_size_;
     BatchSlice full;
-    TF_RETURN_IF_ERROR(ComputeGlobalBatchSlice(key.cursor, global_batch_size, key.world_size,
-                                               key.rank, &full));
+    TF_RETURN_IF_ERROR(ComputeReplicaRangeSlice(key.cursor, global_batch_size, key.world_size,
+                                                key.rank, dataset()->local_replicas_, &full));
     const WorkerBatch batch = PlanWorkerBatch(
         full, key.cursor, global_batch_size,
         dataset()->input_cardinality_ - key.cursor * global_batch_size,
@@ -655,8 +667,9 @@ class ElasticBatchDatasetOp::Dataset::Iterator : public DatasetIterator<Dataset>
   absl::Status ReadStream(IteratorContext* ctx, const BatchKey& key, bool* end_of_sequence,
                           std::vector<Tensor>* out_tensors) {
     BatchSlice full;
-    TF_RETURN_IF_ERROR(ComputeGlobalBatchSlice(key.cursor, dataset()->global_batch_size_,
-                                               key.world_size, key.rank, &full));
+    TF_RETURN_IF_ERROR(ComputeReplicaRangeSlice(key.cursor, dataset()->global_batch_size_,
+                                                key.world_size, key.rank,
+                                                dataset()->local_replicas_, &full));
     const int64_t batch_start = key.cursor * dataset()->global_batch_size_;
     if (input_impl_ == nullptr || stream_position_ > full.start) {
       TF_RETURN_IF_ERROR(dataset()->input_->MakeIterator(ctx, this, prefix(), &input_impl_));
@@ -739,8 +752,8 @@ void ElasticBatchDatasetOp::MakeDataset(OpKernelContext* ctx, DatasetBase* input
   OP_REQUIRES_OK(ctx, StateVariable::FromInput(ctx, 2, "world_size", &world_size));
   OP_REQUIRES_OK(ctx, StateVariable::FromInput(ctx, 3, "rank", &rank));
   OP_REQUIRES_OK(ctx, StateVariable::FromInput(ctx, 4, "cursor", &cursor));
-  *output = new Dataset(ctx, input, global_batch_size, drop_remainder_, std::move(world_size),
-                        std::move(rank), std::move(cursor));
+  *output = new Dataset(ctx, input, global_batch_size, drop_remainder_, local_replicas_,
+                        std::move(world_size), std::move(rank), std::move(cursor));
 }
 
 REGISTER_KERNEL_BUILDER(Name("ElasticBatchDataset").Device(tensorflow::DEVICE_CPU),

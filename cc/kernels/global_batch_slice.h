@@ -57,6 +57,29 @@ inline absl::Status ComputeGlobalBatchSlice(int64_t cursor, int64_t global_batch
   return absl::OkStatus();
 }
 
+// A worker that drives several replicas takes the slices of `count` consecutive
+// replicas from `first_replica` on, of `num_replicas` in the whole job: one
+// contiguous range, which its own runtime cuts again per replica by the same
+// rule (the first of them take the extra elements, as in the whole job).
+inline absl::Status ComputeReplicaRangeSlice(int64_t cursor, int64_t global_batch_size,
+                                             int64_t num_replicas, int64_t first_replica,
+                                             int64_t count, BatchSlice* slice) {
+  BatchSlice first;
+  BatchSlice last;
+  TF_RETURN_IF_ERROR(ComputeGlobalBatchSlice(cursor, global_batch_size, num_replicas,
+                                             first_replica, &first));
+  if (count <= 0 || first_replica + count > num_replicas) {
+    return tensorflow::errors::InvalidArgument(
+        "a worker's ", count, " replica(s) from replica ", first_replica,
+        " do not fit in the job's ", num_replicas, " replicas");
+  }
+  TF_RETURN_IF_ERROR(ComputeGlobalBatchSlice(cursor, global_batch_size, num_replicas,
+                                             first_replica + count - 1, &last));
+  slice->start = first.start;
+  slice->size = last.start + last.size - first.start;
+  return absl::OkStatus();
+}
+
 }  // namespace tensorflow_elastic
 
 #endif  // TENSORFLOW_ELASTIC_CC_KERNELS_GLOBAL_BATCH_SLICE_H_

@@ -10,6 +10,7 @@ REGISTER_OP("ElasticBatchDataset")
     .Input("cursor: resource")
     .Output("handle: variant")
     .Attr("drop_remainder: bool = false")
+    .Attr("local_replicas: int = 1")
     .Attr("output_types: list(type) >= 1")
     .Attr("output_shapes: list(shape) >= 1")
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -27,4 +28,7 @@ sets cursor to cursor + 1; at the end of a pass it sets cursor to 0. The last
 partial global batch keeps each worker's slice clipped to the elements that
 exist (possibly empty), or ends the pass if drop_remainder is set. Nothing may
 buffer elements after this dataset, or the cursor would run ahead of training.
+With local_replicas = k > 1, world_size counts replicas and rank is this
+worker's first replica: it emits the slices of replicas rank .. rank + k - 1,
+one contiguous range.
 )doc");

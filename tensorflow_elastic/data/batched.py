@@ -15,6 +15,8 @@ TFRecord files is read by record index (data/addressable.py).
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import tensorflow as tf
 from tensorflow.python.data.ops import batch_op, dataset_ops, prefetch_op
 from tensorflow.python.framework import tensor_util
@@ -101,11 +103,12 @@ class PositionedElasticDataset(ElasticDataset):
 
     def __init__(self, dataset: tf.data.Dataset, global_batch_size: int,
                  world_size: tf.Variable, rank: tf.Variable, drop_remainder: bool,
-                 shuffle: Shuffle | None = None):
+                 shuffle: Shuffle | None = None, replica_devices: Sequence[str] = ()):
         self._examples = dataset
         self._shuffle = shuffle
         super().__init__(dataset if shuffle is None else shuffle.order(dataset, 0),
-                         global_batch_size, world_size, rank, drop_remainder=drop_remainder)
+                         global_batch_size, world_size, rank, drop_remainder=drop_remainder,
+                         replica_devices=replica_devices)
         self.position = 0
         self.epoch = 0
         # (epoch, the elastic dataset over that epoch's order), sharing this cursor.
@@ -131,13 +134,14 @@ class PositionedElasticDataset(ElasticDataset):
         if self._epoch_input is None or self._epoch_input[0] != self.epoch:
             self._epoch_input = (self.epoch, ElasticDataset(
                 self._shuffle.order(self._examples, self.epoch), self.global_batch_size,
-                self.world_size, self.rank, self.cursor, self.drop_remainder))
+                self.world_size, self.rank, self.cursor, self.drop_remainder,
+                self.replica_devices))
         return iter(self._epoch_input[1])
 
 
-def distribute_batched(dataset: tf.data.Dataset, world_size: tf.Variable,
-                       rank: tf.Variable) -> PositionedElasticDataset:
+def distribute_batched(dataset: tf.data.Dataset, world_size: tf.Variable, rank: tf.Variable,
+                       replica_devices: Sequence[str] = ()) -> PositionedElasticDataset:
     """This worker's slices of the global batches of the batched `dataset`; see `split_batches`."""
     examples, global_batch_size, drop_remainder, shuffle = _examples_read(dataset)
     return PositionedElasticDataset(examples, global_batch_size, world_size, rank, drop_remainder,
-                                    shuffle)
+                                    shuffle, replica_devices)

@@ -11,11 +11,14 @@ tf.data's injected prefetch and must stay the last transformation.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import tensorflow as tf
 from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.ops import resource_variable_ops
 
 from tensorflow_elastic.data.addressable import addressable
+from tensorflow_elastic.data.replicas import ReplicaIterator
 from tensorflow_elastic.ops import load_op_library
 from tensorflow_elastic.tf_internals import private
 
@@ -65,12 +68,14 @@ class _ElasticBatchDataset(dataset_ops.UnaryDataset):
     """The raw ElasticBatchDataset op: batches of unknown leading size."""
 
     def __init__(self, dataset: tf.data.Dataset, global_batch_size: int, world_size: tf.Variable,
-                 rank: tf.Variable, cursor: tf.Variable, drop_remainder: bool):
+                 rank: tf.Variable, cursor: tf.Variable, drop_remainder: bool,
+                 local_replicas: int):
         self._element_spec = tf.nest.map_structure(lambda spec: private(spec, "_batch")(None),
                                                    dataset.element_spec)
         variant = load_op_library().elastic_batch_dataset(
             private(dataset, "_variant_tensor"), tf.constant(global_batch_size, tf.int64), world_size.handle,
-            rank.handle, cursor.handle, drop_remainder=drop_remainder, **self._flat_structure)
+            rank.handle, cursor.handle, drop_remainder=drop_remainder,
+            local_replicas=local_replicas, **self._flat_structure)
         super().__init__(dataset, variant)
 
     @property
@@ -102,11 +107,16 @@ class ElasticDataset(dataset_ops.UnaryUnchangedStructureDataset):
 
     Apply no transformation after it (least of all `prefetch`): elements
     buffered after it would be cut for a membership that may have changed.
+
+    A worker that drives several devices (`replica_devices`, k of them) takes
+    the slices of k consecutive replicas: `world_size` then counts the job's
+    replicas and `rank` is this worker's first one. Its iterators cut every
+    batch among the devices (data/replicas.py) and hand out PerReplica values.
     """
 
     def __init__(self, dataset: tf.data.Dataset, global_batch_size: int,
                  world_size: tf.Variable, rank: tf.Variable, cursor: tf.Variable | None = None,
-                 drop_remainder: bool = False):
+                 drop_remainder: bool = False, replica_devices: Sequence[str] = ()):
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"dataset must be a tf.data.Dataset, got {type(dataset).__name__}")
         self._global_batch_size = _check_global_batch_size(global_batch_size)
@@ -116,9 +126,17 @@ class ElasticDataset(dataset_ops.UnaryUnchangedStructureDataset):
             _check_state_variable(name, variable)
         self._world_size, self._rank, self._cursor = world_size, rank, cursor
         self._drop_remainder = bool(drop_remainder)
+        self._replica_devices = tuple(replica_devices)
         batched = _ElasticBatchDataset(dataset, global_batch_size, world_size, rank, cursor,
-                                       self._drop_remainder).with_options(_no_buffering_options())
+                                       self._drop_remainder, max(1, len(self._replica_devices))
+                                       ).with_options(_no_buffering_options())
         super().__init__(batched, private(batched, "_variant_tensor"))
+
+    def __iter__(self):
+        iterator = super().__iter__()
+        if len(self._replica_devices) > 1:
+            return ReplicaIterator(iterator, self._replica_devices)
+        return iterator
 
     @property
     def cursor(self) -> tf.Variable:
@@ -141,10 +159,16 @@ class ElasticDataset(dataset_ops.UnaryUnchangedStructureDataset):
     def drop_remainder(self) -> bool:
         return self._drop_remainder
 
+    @property
+    def replica_devices(self) -> tuple[str, ...]:
+        """The devices its batches are cut among (none: one replica, plain batches)."""
+        return self._replica_devices
+
 
 def elastic_dataset(dataset: tf.data.Dataset, global_batch_size: int, world_size: tf.Variable,
                     rank: tf.Variable, cursor: tf.Variable | None = None,
-                    drop_remainder: bool = False) -> ElasticDataset:
+                    drop_remainder: bool = False,
+                    replica_devices: Sequence[str] = ()) -> ElasticDataset:
     """This worker's slices of the global batches of `dataset`; see :class:`ElasticDataset`.
 
     `world_size` and `rank` are the strategy's scalar int64 CPU variables
@@ -154,4 +178,5 @@ def elastic_dataset(dataset: tf.data.Dataset, global_batch_size: int, world_size
     """
     if isinstance(dataset, tf.data.Dataset):
         dataset = addressable(dataset, shuffled=False)
-    return ElasticDataset(dataset, global_batch_size, world_size, rank, cursor, drop_remainder)
+    return ElasticDataset(dataset, global_batch_size, world_size, rank, cursor, drop_remainder,
+                          replica_devices)

@@ -31,6 +31,7 @@ from tensorflow_elastic import environment
 from tensorflow_elastic.launch import repeats
 from tensorflow_elastic.launch.decision import Action, Do, Situation, decide
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
+from tensorflow_elastic.launch.gpus import visible_gpus, worker_gpu_env
 from tensorflow_elastic.launch.mode import Membership, Mode, View
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
@@ -84,6 +85,8 @@ class LocalAgent:
         self._progress = ProgressTracker(spec.events_file)
         self._next_progress = time.monotonic() + spec.progress_interval
         self._metrics = metrics
+        # The GPUs this launcher hands out to its workers (read once: they do not change).
+        self._gpus = visible_gpus()
 
     # ------------------------------------------------------------------ control
 
@@ -217,6 +220,7 @@ class LocalAgent:
         extra = dict(launch.env)
         extra.update({environment.ERROR_FILE: error_file, environment.LOCAL_RANK: str(slot),
                       environment.RESTART_COUNT: str(self.restarts)})
+        extra.update(worker_gpu_env(slot, self.spec.nproc_per_node, self._gpus, self.spec.gpus))
         if self.spec.events_file:
             extra[environment.EVENTS_FILE] = self.spec.events_file
         try:

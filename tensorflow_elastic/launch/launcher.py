@@ -17,7 +17,7 @@ import threading
 from typing import NoReturn
 
 from tensorflow_elastic import __version__, environment, net
-from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded, slurm
+from tensorflow_elastic.launch import IN_PROCESS, WorkerSpec, embedded, gpus, slurm
 from tensorflow_elastic.launch.flags import LauncherArgumentParser
 from tensorflow_elastic.launch.in_process import InProcessElasticity
 from tensorflow_elastic.launch.ports import PortAllocator
@@ -131,6 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "--nproc_per_node (default: 1; with --slurm, $SLURM_NTASKS)")
     p.add_argument("--nproc_per_node", type=int, default=1, metavar="N",
                    help="worker processes this launcher runs (default: %(default)s)")
+    p.add_argument("--gpus", choices=gpus.PLACEMENTS, default=gpus.SPLIT,
+                   help="on a machine with GPUs, split: each of the --nproc_per_node workers "
+                   "sees its share of them (one each when they are as many) through "
+                   "CUDA_VISIBLE_DEVICES; all: every worker sees every GPU (with "
+                   "--nproc_per_node 1, one worker drives them all, one replica per GPU) "
+                   "(default: %(default)s)")
     p.add_argument("--nworkers", metavar="MIN:MAX",
                    help="worker processes in the whole job, in place of --nnodes x "
                    "--nproc_per_node (every launcher of the job gives the same)")
@@ -465,7 +471,7 @@ def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
         events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval,
-        verbose=args.verbose)
+        verbose=args.verbose, gpus=args.gpus)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import re
 import sys
 import tempfile
 
+from tensorflow_elastic.launch import gpus as gpus_lib
 from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.types import NodeBounds
 
@@ -47,7 +48,8 @@ class WorkerSpec:
     whatever its name with ``no_python``. ``bounds`` count orchestrator nodes, i.e. worker processes across every
     agent of the run (checked where they were parsed: NodeBounds). ``host`` is the address the
     workers' TensorFlow servers are reached at; ``first_port`` (0: any) is the
-    first worker's port, later workers and restarted ones take free ports.
+    first worker's port, later workers and restarted ones take free ports. ``gpus``: how the
+    machine's GPUs are shared among the workers (launch/gpus.py).
     """
 
     entrypoint: str
@@ -72,6 +74,7 @@ class WorkerSpec:
     exit_barrier_timeout: float = 300.0
     progress_interval: float = 30.0
     verbose: bool = False
+    gpus: str = gpus_lib.SPLIT
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -86,6 +89,8 @@ class WorkerSpec:
             raise ValueError(f"monitor_interval must be > 0, got {self.monitor_interval}")
         if self.module and self.no_python:
             raise ValueError("a module runs with Python: module and no_python exclude each other")
+        if self.gpus not in gpus_lib.PLACEMENTS:
+            raise ValueError(f"gpus must be one of {gpus_lib.PLACEMENTS}, got {self.gpus!r}")
         if self.mode not in (AUTO, IN_PROCESS, RESTART):
             raise ValueError(f"mode must be {AUTO}, {IN_PROCESS} or {RESTART}, got {self.mode!r}")
 

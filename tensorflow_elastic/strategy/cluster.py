@@ -87,11 +87,21 @@ def configure(node_id: int) -> None:
             "datasets or tensors") from e
 
 
+def local_devices_config() -> config_pb2.ConfigProto:
+    """The process's device setup (logical CPUs, GPU visibility and virtual GPUs) for its
+    server: the server creates the devices of every ServerDef it is given from that
+    ServerDef's session config, so without it a worker would have one CPU and every GPU
+    (stock MultiWorkerMirroredStrategy copies the whole context config there)."""
+    config = context.context().config
+    return config_pb2.ConfigProto(device_count=config.device_count,
+                                  gpu_options=config.gpu_options)
+
+
 def start(members: Mapping[int, str], node_id: int) -> None:
     """Starts this process's server for its first generation (or its standby cluster of one)."""
     ctx = context.context()
     binding = load_binding()  # before the server: the library registers the bound one
-    ctx.enable_collective_ops(server_def(members, node_id))
+    ctx.enable_collective_ops(server_def(members, node_id, local_devices_config()))
     ctx.ensure_initialized()
     binding.forward_collectives(private(ctx, "_handle"))
 
@@ -99,7 +109,8 @@ def start(members: Mapping[int, str], node_id: int) -> None:
 def update(members: Mapping[int, str], node_id: int) -> None:
     """Moves the running server to a new membership; variables and instantiated functions stay."""
     load_binding().update_collective_server(private(context.context(), "_handle"),
-                                            server_def(members, node_id).SerializeToString())
+                                            server_def(members, node_id,
+                                                       local_devices_config()).SerializeToString())
 
 
 def abort_collectives(reason: str) -> None:

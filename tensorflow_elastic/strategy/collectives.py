@@ -37,11 +37,38 @@ require(cross_device_ops_lib.CollectiveAllReduce, "_all_reduce", "_num_between_g
 require_read(cross_device_utils.CollectiveReplicaLauncher, "_group_key", "_group_size",
              "_collective_keys")
 require_read(cross_device_ops_lib.CollectiveAllReduce, "_launchers", "_limited_nccl")
+require(cross_device_utils.CollectiveKeys(), "_lock", "_instance_key_table")
+require(cross_device_utils, "INSTANCE_KEY_START_NUMBER")
 
 
-def collective_keys_for(generation: int) -> cross_device_utils.CollectiveKeys:
+# A generation's groups with a key of their own, whatever devices each member brings (a
+# CollectiveKeys hands out keys by each member's own device list): the step's (every replica)
+# and the hosts' (one device per member). Above the keys a CollectiveKeys hands out, below the
+# commit vote's fallback group (agreement.py).
+STEP_GROUP = KEYS_PER_GENERATION - 3
+HOST_GROUP = KEYS_PER_GENERATION - 2
+
+
+class GenerationKeys(cross_device_utils.CollectiveKeys):
+    """A generation's collective keys, which also count instance keys for its fixed groups
+    (group_key_for), on any device: a CollectiveKeys counts them only for the groups it
+    handed out."""
+
+    def get_instance_key(self, group_key, device):
+        with self._lock:
+            self._instance_key_table.setdefault(group_key, {}).setdefault(
+                device, cross_device_utils.INSTANCE_KEY_START_NUMBER)
+        return super().get_instance_key(group_key, device)
+
+
+def collective_keys_for(generation: int) -> GenerationKeys:
     """Fresh keys for a generation: every member derives the same group and instance keys."""
-    return cross_device_utils.CollectiveKeys(group_key_start=1 + generation * KEYS_PER_GENERATION)
+    return GenerationKeys(group_key_start=1 + generation * KEYS_PER_GENERATION)
+
+
+def group_key_for(generation: int, group: int) -> int:
+    """The key of a generation's `group` (STEP_GROUP or HOST_GROUP)."""
+    return generation * KEYS_PER_GENERATION + group
 
 
 def sync_group_key(generation: int, receiver_index: int) -> int:
@@ -154,10 +181,12 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
     vote: two extra elements.
     """
 
-    def __init__(self, devices, group_size, options, collective_keys, vote=None):
+    def __init__(self, devices, group_size, options, collective_keys, group: int,
+                 generation: int, vote=None):
         super().__init__(devices, group_size, options, collective_keys=collective_keys)
         require(self, "_collective_keys", "_devices", "_group_size")
-        self._runtime_group_key = RuntimeInt(self._collective_keys.get_group_key(self._devices),
+        self._group = group
+        self._runtime_group_key = RuntimeInt(group_key_for(generation, group),
                                              "elastic_group_key")
         self._runtime_group_size = RuntimeInt(group_size, "elastic_group_size")
         self._launchers = [ElasticReplicaLauncher(self._runtime_group_key, self._runtime_group_size,
@@ -183,11 +212,13 @@ class ElasticCollectiveAllReduce(cross_device_ops_lib.CollectiveAllReduce):
         # single-worker shortcut that skips the collective.
         return float("inf")
 
-    def regroup(self, group_size: int, collective_keys: cross_device_utils.CollectiveKeys) -> None:
-        """Moves every launcher to `group_size` and to its group key in `collective_keys`."""
+    def regroup(self, group_size: int, collective_keys: cross_device_utils.CollectiveKeys,
+                generation: int) -> None:
+        """Moves every launcher to `group_size`, to its group's key in `generation` and to
+        that generation's instance keys (`collective_keys`)."""
         self._group_size = group_size
         self._collective_keys = collective_keys
-        self._runtime_group_key.set(collective_keys.get_group_key(self._devices))
+        self._runtime_group_key.set(group_key_for(generation, self._group))
         self._runtime_group_size.set(group_size)
         for launcher in self._launchers:
             launcher.use_collective_keys(collective_keys)

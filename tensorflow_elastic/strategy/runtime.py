@@ -248,7 +248,10 @@ class ElasticRuntime:
     def sync(self, state) -> None:
         """Every member takes the state of the member furthest ahead; the new chief then says
         in one line what changed (TensorFlow's own lines about the aborted collectives stay in
-        the workers' log files)."""
+        the workers' log files). Members first tell each other how many replicas they drive:
+        the generation's collectives are sized by it."""
+        if self.strategy is not None:
+            self.strategy.extended.exchange_replica_counts(self.exchange)
         state.sync()
         if self._change is not None:
             if self._change.cause:

@@ -9,25 +9,28 @@ their collectives read group size and key from variables (collectives.py).
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from tensorflow.python.distribute import collective_all_reduce_strategy as mwms_lib
 from tensorflow.python.distribute import collective_util, distribute_lib
 from tensorflow.python.distribute import mirrored_strategy, numpy_dataset, reduce_util
 from tensorflow.python.distribute import values as values_lib
 from tensorflow.python.distribute.cluster_resolver import SimpleClusterResolver
+from tensorflow.python.eager import context
 from tensorflow.python.framework import dtypes, ops
 from tensorflow.python.ops import variables
 from tensorflow.python.training import server_lib
 from tensorflow.python.util import nest
 
+from tensorflow_elastic.data.replicas import InputSlices
 from tensorflow_elastic.strategy import cluster, collectives, runtime
+from tensorflow_elastic.strategy import devices as devices_lib
 from tensorflow_elastic.strategy.agreement import ReformVote
 from tensorflow_elastic.tf_internals import private, require
 
 # The private methods of TensorFlow's multi-worker strategy that ElasticExtended overrides or
 # calls: a release that renamed one would leave an override silently unused.
-require(mwms_lib.CollectiveAllReduceExtended, "_initialize_strategy", "_initialize_local_devices",
+require(mwms_lib.CollectiveAllReduceExtended, "_initialize_strategy", "_num_replicas_in_sync",
         "_get_variable_creator_initial_value", "_reduce_to", "_get_cross_device_ops",
         "_in_multi_worker_mode", "_start_check_health_thread")
 _initialize_single_worker = private(mirrored_strategy.MirroredExtended, "_initialize_single_worker")
@@ -37,12 +40,18 @@ _mirrored_initial_value = private(mirrored_strategy.MirroredExtended,
 
 
 class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
-    """The cluster side: a sparse cluster of permanent ids that can be regrouped."""
+    """The cluster side: a sparse cluster of permanent ids that can be regrouped.
+
+    Each worker drives its local devices, one replica each (devices.py); workers
+    may drive different numbers of them. The job's replicas are counted from every
+    member's count, which members exchange at every sync (exchange_replica_counts).
+    """
 
     def __init__(self, container_strategy, node_id: int, members: Mapping[int, str],
                  generation: int, communication_options: collective_util.Options,
-                 wants_reform: Callable[[], bool]):
+                 wants_reform: Callable[[], bool], local_devices: Sequence[str] | None = None):
         self._node_id = node_id
+        self._requested_devices = None if local_devices is None else list(local_devices)
         self._wants_reform = wants_reform
         self._initial_members = dict(members)
         self._generation = generation
@@ -59,27 +68,24 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         cluster.start(members, node_id)
         self._collective_ops_configured = True
         self._std_server_started = True
-        local_devices, self._local_device_type = self._initialize_local_devices(
-            cluster_resolver, self._worker_device)
+        del devices  # the cluster resolver's: this worker's come from the constructor
+        local_devices, self._local_device_type = devices_lib.local_devices(
+            self._worker_device, self._requested_devices, context.num_gpus())
         self._num_devices_per_worker = len(local_devices)
+        # Each member's replica count, as last exchanged (a member not in it yet is
+        # taken to drive as many as this one until the next exchange).
+        self._replica_counts: dict[int, int] = {}
+        self._num_replicas = len(local_devices) * len(members)
         self.vote = ReformVote(self._worker_device, self._wants_reform)
-        # The same order as in regroup(): group keys are handed out in call order.
         self._collective_keys = collectives.collective_keys_for(self._generation)
         world = len(members)
         self._cross_device_ops = collectives.ElasticCollectiveAllReduce(
             local_devices, len(local_devices) * world, self._communication_options,
-            self._collective_keys, vote=self.vote)
+            self._collective_keys, collectives.STEP_GROUP, self._generation, vote=self.vote)
         self._host_cross_device_ops = collectives.ElasticCollectiveAllReduce(
             [self._worker_device], world, self._communication_options, self._collective_keys,
-            vote=self.vote)
-        # The state broadcast shares the step's group when a worker has a single CPU device
-        # (one group to resolve per generation), otherwise the host group's.
-        if len(local_devices) == 1 and "CPU" in local_devices[0].upper():
-            device, self._broadcast_shares = local_devices[0], self._cross_device_ops
-        else:
-            device = f"{self._worker_device}/device:CPU:0"
-            self._broadcast_shares = self._host_cross_device_ops
-        self._broadcaster = collectives.VariableBroadcaster(device)
+            collectives.HOST_GROUP, self._generation, vote=self.vote)
+        self._broadcaster = collectives.VariableBroadcaster(f"{self._worker_device}/device:CPU:0")
         _initialize_single_worker(self, local_devices)
         self._default_device = self._worker_device
         # Plain CPU variables the elastic input reads at every batch (not mirrored:
@@ -89,6 +95,12 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
                                                           name="elastic_world_size")
             self.rank_variable = variables.Variable(0, dtype=dtypes.int64, trainable=False,
                                                     name="elastic_rank")
+            # The job's replicas and the index of this worker's first one (the elastic input
+            # cuts the global batch among replicas).
+            self.replicas_variable = variables.Variable(1, dtype=dtypes.int64, trainable=False,
+                                                        name="elastic_replicas")
+            self.first_replica_variable = variables.Variable(
+                0, dtype=dtypes.int64, trainable=False, name="elastic_first_replica")
         self.input_cursors: list = []
         # The input most recently distributed for Keras (its training input at on_train_begin).
         self.latest_input = None
@@ -105,17 +117,46 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self.vote.regroup(generation, len(ordered))
         self.world_size_variable.assign(len(ordered))
         self.rank_variable.assign(self._id_in_cluster)
+        own = self._num_devices_per_worker
+        self._use_replica_counts({member: self._replica_counts.get(member, own)
+                                  for member in ordered})
 
+    def _use_replica_counts(self, counts: Mapping[int, int]) -> None:
+        """Sizes the step's group and the elastic input's cut by every member's replica count."""
+        self._replica_counts = dict(counts)
+        self._num_replicas, first = devices_lib.replica_layout(counts, self._node_id)
+        self._cross_device_ops.regroup(self._num_replicas, self._collective_keys,
+                                       self._generation)
+        self.replicas_variable.assign(self._num_replicas)
+        self.first_replica_variable.assign(first)
+
+    def exchange_replica_counts(self, exchange: Callable[[str, bytes], dict[int, bytes]]) -> None:
+        """Learns every member's replica count through `exchange` (a small all-gather that
+        every member calls); before the generation's first collective, whose group size is
+        the job's replica count."""
+        counts = {}
+        for node, blob in exchange("replicas", str(self._num_devices_per_worker).encode()).items():
+            count = int(blob) if blob.isdigit() else 0
+            if count < 1:
+                raise ValueError(f"member {node} says it drives {blob!r} replicas")
+            counts[node] = count
+        if set(counts) != set(self._members):
+            raise ValueError(f"replica counts came from {sorted(counts)}, not from the "
+                             f"members {sorted(self._members)}")
+        if counts != self._replica_counts:
+            self._use_replica_counts(counts)
+
+    @property
+    def _num_replicas_in_sync(self):
+        return self._num_replicas
     def regroup(self, members: Mapping[int, str], generation: int) -> None:
         """Moves this process to generation `generation` with `members`; all members call it."""
         if generation <= self._generation:
             raise ValueError(f"generation {generation} is not newer than {self._generation}")
         cluster.update(members, self._node_id)
         self._collective_keys = collectives.collective_keys_for(generation)
-        world = len(members)
-        self._cross_device_ops.regroup(self._num_devices_per_worker * world, self._collective_keys)
-        self._host_cross_device_ops.regroup(world, self._collective_keys)
         self._set_members(members, generation)
+        self._host_cross_device_ops.regroup(len(members), self._collective_keys, generation)
 
     def broadcast_variables(self, variables: list, source: int, receivers: list[int], *,
                             one_group: bool = False) -> None:
@@ -127,7 +168,11 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         resolved; for the job's start, where no newcomer can be at fault. In a world of two
         the one pair is the step's group anyway."""
         if len(receivers) == self._num_workers - 1 and (one_group or len(receivers) == 1):
-            shared = self._broadcast_shares
+            # The step's group when every member drives one CPU replica (one group to resolve
+            # per generation), otherwise the host group.
+            shared = (self._cross_device_ops
+                      if self._num_replicas == self._num_workers and self._local_device_type == "CPU"
+                      else self._host_cross_device_ops)
             self._broadcaster.broadcast(variables, self._node_id == source,
                                         shared.runtime_group_size.value,
                                         shared.runtime_group_key.value)
@@ -188,7 +233,8 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
     """
 
     def __init__(self, min_nodes: int | None = None, max_nodes: int | None = None,
-                 communication_options: collective_util.Options | None = None):
+                 communication_options: collective_util.Options | None = None,
+                 devices: Sequence[str] | None = None):
         if communication_options is None:
             # No per-collective timeout: it costs about 10% of a 10 ms step
             # (measured with 3 local workers). A lost peer is detected by the
@@ -198,7 +244,7 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
         node_id, members, generation = elastic.session.initial_cluster()
         elastic.release_address()  # the server below binds it at once
         extended = ElasticExtended(self, node_id, members, generation, communication_options,
-                                   elastic.session.wants_reform)
+                                   elastic.session.wants_reform, devices)
         distribute_lib.Strategy.__init__(self, extended)
         self._elastic_runtime = elastic
         elastic.attach_strategy(self)
@@ -211,10 +257,18 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
         ("Attempt to convert a value (PerReplica...)"), so `model.fit` fails
         under MultiWorkerMirroredStrategy. Each leaf is reduced on its own, and
         a scalar has no axis to reduce along.
+
+        An input batch cut among a worker's replicas (the elastic input's, with
+        several local devices) reduces to its first slice, with no collective:
+        Keras 3 reduces one batch only to learn its structure before it builds
+        the model, and a collective there would wait for the workers with one
+        replica, whose batches are plain tensors that Keras does not reduce.
         """
         parent = super()
 
         def reduce_leaf(leaf):
+            if isinstance(leaf, InputSlices):
+                return leaf.values[0]
             leaf_axis = axis
             if leaf_axis is not None:
                 local = self.experimental_local_results(leaf)[0]
@@ -238,8 +292,10 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
         from tensorflow_elastic.data import elastic_dataset
 
         extended = self.extended
-        distributed = elastic_dataset(dataset, global_batch_size, extended.world_size_variable,
-                                      extended.rank_variable, drop_remainder=drop_remainder)
+        distributed = elastic_dataset(dataset, global_batch_size, extended.replicas_variable,
+                                      extended.first_replica_variable,
+                                      drop_remainder=drop_remainder,
+                                      replica_devices=extended.worker_devices)
         extended.input_cursors.append(distributed.cursor)
         return distributed
 
@@ -252,14 +308,16 @@ class ElasticMultiWorkerMirroredStrategy(mwms_lib.CollectiveAllReduceStrategy):
         iterator starts at the input's position (`seek`), which the elastic
         Keras callback keeps at the committed batch: a `fit` called again after
         a re-form continues the interrupted pass. Elements are this worker's
-        slice (plain tensors: one replica per worker).
+        slice (plain tensors with one local replica; PerReplica values, one slice per device,
+        with several).
         """
         from tensorflow_elastic.data.batched import distribute_batched
 
         del options  # Prefetching to devices would read ahead of the cursor.
         extended = self.extended
-        distributed = distribute_batched(dataset, extended.world_size_variable,
-                                         extended.rank_variable)
+        distributed = distribute_batched(dataset, extended.replicas_variable,
+                                         extended.first_replica_variable,
+                                         replica_devices=extended.worker_devices)
         extended.latest_input = distributed
         return distributed
 

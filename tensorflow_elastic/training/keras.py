@@ -372,10 +372,10 @@ def _scale_losses_at_run_time() -> bool:
 
     def replicas(value):
         extended = tf.distribute.get_strategy().extended
-        world = getattr(extended, "world_size_variable", None)
-        if world is None:
+        replicas = getattr(extended, "replicas_variable", None)
+        if replicas is None:
             return None
-        return tf.cast(world.read_value(), value.dtype) * len(extended.worker_devices)
+        return tf.cast(replicas.read_value(), value.dtype)
 
     def scale(value):
         count = replicas(value)

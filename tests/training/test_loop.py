@@ -99,7 +99,8 @@ def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgume
          message: str = "Collective instance 1073741825 differs", train=lambda state: "trained"):
     session = _Session(standby, moved_on)
     rt = runtime_lib.ElasticRuntime(session, CollectiveInterrupter())
-    rt.strategy = SimpleNamespace(extended=SimpleNamespace(regroup=lambda members, gen: None))
+    rt.strategy = SimpleNamespace(extended=SimpleNamespace(regroup=lambda members, gen: None,
+                                                          exchange_replica_counts=lambda exchange: None))
     monkeypatch.setattr(runtime_lib, "current", lambda: rt)
     monkeypatch.setattr(cluster, "unreachable_peers", lambda members, node_id: [])
     state = _MismatchOnce(step=0)
