@@ -18,15 +18,20 @@ runs. For each repeat it runs, with --workers local worker processes on 127.0.0.
   median time of an elastic commit;
 * crash: SIGKILL to one worker; time to the first step of the new generation
   on the survivors, and steps lost (redone);
-* growth: start with workers-1, add one; the longest step gap on existing members,
-  and the newcomer's state sync (its state_synced event: bytes and seconds) as a
+* growth: start with workers-1, add one; the longest step gap on existing members
+  (and where it went: to the new generation's start, then the sync and the first
+  step), the newcomer's state sync (its state_synced event: bytes and seconds) as a
   rate in MB/s, next to a raw loopback copy (one socket, 2 processes) of the same
-  bytes measured in the same run;
+  bytes measured in the same run, and the newcomer's time from its process start
+  to its first contributing step (the end of its first step in the job), in
+  stages: import, build, warm-up (its step traced and run alone before it joins),
+  its receiving side of the sync built, join wait, state transfer, first step;
 * leave: SIGTERM to one worker; the longest step gap on the survivors.
 
 Prints progress, then a table, and as its last line the JSON summary:
 {"model", "state_mb", "overhead_ratio", "overhead_cpu_ratio", "rss_ratio", "commit_ms_median",
- "recovery_s_median", "growth_pause_s_median", "leave_pause_s_median", "sync_mb_s_median",
+ "recovery_s_median", "growth_pause_s_median", "newcomer_start_s_median",
+ "leave_pause_s_median", "sync_mb_s_median",
  "loopback_mb_s_median", "lost_steps_max", "lost_steps_max_growth_leave"}, plus
 "control_ratio" with --control.
 """
@@ -47,7 +52,8 @@ from typing import NamedTuple
 
 from harness import WAIT_S, Orchestrator, Process, child_env, free_port, gaps, tf_config
 
-from tensorflow_elastic.observability.events import STATE_RESTORED, STATE_SYNCED, read_events
+from tensorflow_elastic.observability.events import (GENERATION_START, STATE_RESTORED,
+                                                      STATE_SYNCED, read_events)
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recovery_worker.py")
 
@@ -188,13 +194,13 @@ def ratios_of(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
 
 
 def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
-               snapshot_every: int = 1) -> dict:
+               snapshot_every: int = 1, trace: bool = False) -> dict:
     """One crash, growth or leave scenario; returns its measurements."""
     settings = SETTINGS[model]
     orchestrator = start_orchestrator()
     events_file = os.path.join(tmp, f"{kind}-{repeat}.jsonl")
     initial = workers - 1 if kind == "growth" else workers
-    flags = model_flags(model, snapshot_every)
+    flags = model_flags(model, snapshot_every) + (("--trace",) if trace else ())
     group = elastic_workers(orchestrator, initial, f"{kind}{repeat}", 100_000,
                             min(initial, 2), workers, events_file, flags)
     try:
@@ -211,11 +217,15 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
             for p in existing:
                 p.wait_for(lambda p=p: p.last_step() >= target_step, "steps after the growth")
             pause = max(max(step_gaps(p.records, t0)) for p in existing)
+            if trace:
+                print(growth_trace(existing, newcomer, t0), flush=True)
             synced = [e for e in read_events(events_file, event=STATE_SYNCED)
                       if e["node"] == newcomer.records[-1]["node"]]
             return {"pause_s": pause, "lost_steps": _lost_steps(existing, events_file),
                     "sync_s": synced[-1]["seconds"], "sync_mb": synced[-1]["bytes"] / 2**20,
                     "sync_mb_s": synced[-1]["bytes"] / 2**20 / synced[-1]["seconds"],
+                    **_members_in_growth(existing, events_file),
+                    **_newcomer_start(newcomer, t0, events_file),
                     "loopback_mb_s": loopback_copy_mb_s(synced[-1]["bytes"])}
         victim = group[-1]
         survivors = group[:-1]
@@ -238,6 +248,74 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
         for p in group:
             p.stop()
         orchestrator.stop()
+
+
+def timed_lines(worker: Process) -> list[tuple[str, str, float]]:
+    """The worker's "mark NAME TIME" and "trace NAME TIME" lines so far, as (kind, name, time)."""
+    found = getattr(worker, "timed", [])
+    while not worker.lines.empty():
+        line = worker.lines.get_nowait().split()
+        if len(line) == 3 and line[0] in ("mark", "trace"):
+            found.append((line[0], line[1], float(line[2])))
+    worker.timed = found
+    return found
+
+
+def growth_trace(existing: list[Process], newcomer: Process, since: float) -> str:
+    """With --trace: each worker's stages of the growth, in ms after the end of the existing
+    members' last step before it."""
+    last = max(max(r["t"] for r in p.records if r["t"] < min(
+        (t for kind, _, t in timed_lines(p) if kind == "trace" and t > since),
+        default=float("inf"))) for p in existing)
+    rows = []
+    for label, p in [*((f"member {p.records[-1]['node']}", p) for p in existing),
+                     ("newcomer", newcomer)]:
+        stages = [f"{name} {(t - last) * 1e3:.0f}" for kind, name, t in timed_lines(p)
+                  if kind == "trace" and t > last - 1]
+        first = min((r["t"] for r in p.records if r["t"] > last), default=None)
+        step = "" if first is None else f", first step {(first - last) * 1e3:.0f}"
+        rows.append(f"  {label}: " + ", ".join(stages) + step)
+    before = statistics.median(g for p in existing for g in gaps(
+        [r["t"] for r in p.records if r["t"] <= last][-20:]))
+    return (f"growth stages (ms after the members' last step before it; their steps before it: "
+            f"{before * 1e3:.0f} ms):\n" + "\n".join(rows))
+
+
+def _newcomer_start(newcomer: Process, started: float, events_file: str) -> dict:
+    """The newcomer's time from its process start to its first contributing step (the end of its
+    first step in the job: its gradients are part of that step's all-reduce), in stages: import,
+    build (registration, strategy, model), warm-up (its step traced and run alone), join wait
+    (its receiving side of the sync built, then the wait for the generation that admits it),
+    state transfer (the sync), first step."""
+    marks = {name: t for kind, name, t in timed_lines(newcomer) if kind == "mark"}
+    node = newcomer.records[0]["node"]
+    joined = min(e["time"] for e in read_events(events_file, event=GENERATION_START)
+                 if e["node"] == node)
+    synced = min(e["time"] for e in read_events(events_file, event=STATE_SYNCED)
+                 if e["node"] == node)
+    first_step = newcomer.records[0]["t"]
+    warmed = marks.get("warmed", marks["built"])
+    prepared = marks.get("prepared", warmed)
+    return {"newcomer_s": first_step - started, "newcomer_import_s": marks["imported"] - started,
+            "newcomer_build_s": marks["built"] - marks["imported"],
+            "newcomer_warm_up_s": warmed - marks["built"],
+            "newcomer_prepare_s": prepared - warmed, "newcomer_join_wait_s": joined - prepared,
+            "newcomer_transfer_s": synced - joined, "newcomer_first_step_s": first_step - synced}
+
+
+def _members_in_growth(existing: list[Process], events_file: str) -> dict:
+    """Where the existing members' longest gap went: from the end of their last step before the
+    growth to the start of the new generation (the vote's commit, the change barrier, the join,
+    the server update, the generation's barrier), and from there to the end of their first
+    step with the newcomer (the state sync, the step); the longest of the members each."""
+    starts = list(read_events(events_file, event=GENERATION_START))
+    reform, after = [], []
+    for p in existing:
+        node = p.records[-1]["node"]
+        began = max(e["time"] for e in starts if e["node"] == node)
+        reform.append(began - max(r["t"] for r in p.records if r["t"] < began))
+        after.append(min(r["t"] for r in p.records if r["t"] > began) - began)
+    return {"members_reform_s": max(reform), "members_sync_and_step_s": max(after)}
 
 
 _LOOPBACK_RECEIVER = """
@@ -317,6 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["steady", "crash", "growth", "leave"],
                         help="phases to leave out (default none)")
+    parser.add_argument("--trace", action="store_true",
+                        help="growth: print when each stage of the change returned on every "
+                        "worker (join, barriers, exchange, regroup, sync, broadcast)")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
@@ -330,7 +411,8 @@ def main(argv: list[str] | None = None) -> int:
             if "steady" not in args.skip:
                 _steady_repeat(args, tmp, repeat, results)
             for kind in kinds:
-                r = disruption(kind, args.workers, args.model, tmp, repeat, args.snapshot_every)
+                r = disruption(kind, args.workers, args.model, tmp, repeat, args.snapshot_every,
+                               args.trace)
                 results[kind].append(r)
                 print(f"[{repeat + 1}/{args.repeats}] {kind}: " +
                       ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -397,6 +479,17 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
             ("growth pause (s)", [r["pause_s"] for r in results["growth"]]),
             ("leave pause (s)", [r["pause_s"] for r in results["leave"]]),
             ("newcomer's sync (s)", [r["sync_s"] for r in results["growth"]]),
+            ("members: to the generation (s)", [r["members_reform_s"] for r in results["growth"]]),
+            ("members: sync and step (s)", [r["members_sync_and_step_s"]
+                                            for r in results["growth"]]),
+            ("newcomer start to 1st step (s)", [r["newcomer_s"] for r in results["growth"]]),
+            ("  import (s)", [r["newcomer_import_s"] for r in results["growth"]]),
+            ("  build (s)", [r["newcomer_build_s"] for r in results["growth"]]),
+            ("  warm-up (trace, step) (s)", [r["newcomer_warm_up_s"] for r in results["growth"]]),
+            ("  receiving side built (s)", [r["newcomer_prepare_s"] for r in results["growth"]]),
+            ("  join wait (s)", [r["newcomer_join_wait_s"] for r in results["growth"]]),
+            ("  state transfer (s)", [r["newcomer_transfer_s"] for r in results["growth"]]),
+            ("  first step (s)", [r["newcomer_first_step_s"] for r in results["growth"]]),
             ("sync rate (MB/s)", [r["sync_mb_s"] for r in results["growth"]]),
             ("loopback copy (MB/s)", [r["loopback_mb_s"] for r in results["growth"]]),
             ("lost steps", [r["lost_steps"] for kind in ("crash", "growth", "leave")
@@ -424,6 +517,7 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
         "commit_ms_median": median_of([x * 1e3 for x in results["commit_s"]]),
         "recovery_s_median": median_of([r["recovery_s"] for r in results["crash"]]),
         "growth_pause_s_median": median_of([r["pause_s"] for r in growth]),
+        "newcomer_start_s_median": median_of([r["newcomer_s"] for r in growth], 3),
         "leave_pause_s_median": median_of([r["pause_s"] for r in results["leave"]]),
         "sync_mb_s_median": median_of([r["sync_mb_s"] for r in growth], 1),
         "loopback_mb_s_median": median_of([r["loopback_mb_s"] for r in growth], 1),

@@ -12,6 +12,12 @@ step: {"t": unix time, "step", "node", "generation", "world", "pid"}, plus
 With --blocks the steps come in blocks, each started by a line on stdin with its
 number of steps (0 or end of input: stop), so a driver can interleave two
 groups of workers on the same machine.
+Elastic workers also print "mark NAME TIME" lines (Unix time) as they pass the
+points of their start-up a newcomer's start is timed by: imported (TensorFlow and
+the package), built (joined or registered, strategy and model), warmed (a
+newcomer's warm-up step, run before it joins), prepared (its receiving side of the
+state sync built, just before it asks to join); with --trace, "trace NAME TIME"
+lines too.
 """
 
 import argparse
@@ -33,6 +39,9 @@ parser.add_argument("--blocks", action="store_true", help="run blocks of steps r
 parser.add_argument("--pause_before_training", type=float, default=0.0,
                     help="elastic mode: print {\"paused\": node} and sleep this long before "
                     "training (the other members wait for it in the first state sync)")
+parser.add_argument("--trace", action="store_true",
+                    help="elastic mode: print \"trace NAME TIME\" when each stage of a "
+                    "membership change returns (join, barrier, exchange, regroup, sync, broadcast)")
 parser.add_argument("--pause_every", type=int, default=0,
                     help="elastic mode: every this many steps, pause in Python before the commit")
 parser.add_argument("--pause_s", type=float, default=1.0, help="how long each pause lasts")
@@ -47,9 +56,44 @@ import models  # noqa: E402
 import tensorflow_elastic as tfe  # noqa: E402
 from tensorflow_elastic import ops  # noqa: E402
 
+
+def mark(name):
+    """A point of the start-up, for the newcomer's start-to-first-step figure."""
+    if args.mode == "elastic":
+        print(f"mark {name} {time.time()}", flush=True)
+
+
+mark("imported")
+
+def traced(owner, name):
+    """Prints "trace NAME TIME" whenever `owner.name` returns or raises."""
+    inner = getattr(owner, name)
+
+    def wrapper(*a, **k):
+        try:
+            return inner(*a, **k)
+        finally:
+            print(f"trace {name} {time.time()}", flush=True)
+
+    setattr(owner, name, wrapper)
+
+
 if args.mode == "elastic":
     runtime = tfe.init()
     strategy = tfe.ElasticMultiWorkerMirroredStrategy()
+    prepare_to_join = tfe.TensorFlowState.prepare_to_join
+
+    def prepare_and_mark(self):
+        prepare_to_join(self)
+        mark("prepared")
+
+    tfe.TensorFlowState.prepare_to_join = prepare_and_mark
+    if args.trace:
+        for owner, names in ((runtime.session.client, ("join", "barrier", "synchronize")),
+                             (strategy.extended, ("regroup", "broadcast_variables")),
+                             (tfe.TensorFlowState, ("sync",))):
+            for name in names:
+                traced(owner, name)
 else:
     runtime = None
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -66,6 +110,7 @@ with strategy.scope():
     model = models.build(args.model, global_batch)
 world = tf.Variable(1, dtype=tf.int64)
 rank = tf.Variable(0, dtype=tf.int64)
+mark("built")
 
 
 @tf.function
@@ -132,8 +177,8 @@ else:
 
     # Warm-up before joining: a newcomer traces and runs its step once, alone (its state is
     # replaced by the members' at the sync), while the members train.
-    if runtime.session.standby:
-        train_step(tf.constant(0, tf.int64))
+    if tfe.warm_up(train_step, tf.constant(0, tf.int64)):
+        mark("warmed")
     else:
         train_step.get_concrete_function(tf.TensorSpec([], tf.int64))
     state = tfe.TensorFlowState(model.state_variables, step=0,

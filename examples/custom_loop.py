@@ -85,5 +85,7 @@ def train(state):
         state.commit()
 
 
+# A node joining a running job traces and runs its step alone first, while the members train.
+tfe.warm_up(train_step, tf.constant(0, tf.int64))
 train(state)
 print(f"done: {state.step} steps", flush=True)

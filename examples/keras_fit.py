@@ -89,5 +89,7 @@ def train(state):
                               verbose=0)
 
 
+# A node joining a running job runs a step of fit alone first, while the members train.
+tfe.keras.warm_up(model, dataset)
 train(state)
 print(f"done: {state.epoch} epochs", flush=True)

@@ -25,6 +25,7 @@ if _installed_tensorflow:
 _LAZY = {
     "init": "tensorflow_elastic.strategy.runtime",
     "run": "tensorflow_elastic.training.loop",
+    "warm_up": "tensorflow_elastic.training.warm_up",
     "State": "tensorflow_elastic.training.state",
     "ObjectState": "tensorflow_elastic.training.state",
     "TensorFlowState": "tensorflow_elastic.training.state",

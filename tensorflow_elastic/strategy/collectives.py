@@ -267,7 +267,8 @@ class VariableBroadcaster:
     The source runs CollectiveBcastSendV2 on each variable's value, the others
     CollectiveBcastRecvV2 and assign what they receive (a received buffer is
     adopted by the variable, not copied). Variables larger than `chunk_bytes`
-    go in chunks, so the transfers of one variable overlap. Group size and key
+    go in chunks, so the transfers of one variable overlap; smaller ones share
+    transfers (see transfers()). Group size and key
     are runtime inputs read from variables, so the traced functions (one for
     sending, one for receiving, per list of variables) serve every generation
     and every group: the training step's own at the job's start or in a world
@@ -327,30 +328,65 @@ class VariableBroadcaster:
             self._functions[key] = (list(variables), self._trace(list(variables), is_source))
         return self._functions[key][1]
 
+    def transfers(self, variables: list) -> list[list[tuple[int, int, int]]]:
+        """The collectives a broadcast of `variables` runs, in order: each a list of (variable
+        index, start, end) element ranges laid end to end. A variable of at least `chunk_bytes`
+        travels in chunks of its own (see chunks()); smaller ones of one dtype share transfers
+        of up to `chunk_bytes`, so a model of many small variables costs a few collectives
+        (each resolved with the group's leader before it moves a byte), not one per variable."""
+        planned: list[list[tuple[int, int, int]]] = []
+        # Per dtype: the transfer that small variables still join, and its bytes so far.
+        filling: dict[dtypes.DType, tuple[list[tuple[int, int, int]], int]] = {}
+        for index, variable in enumerate(variables):
+            dtype = dtypes.as_dtype(variable.dtype)
+            size = tensor_shape.TensorShape(variable.shape).num_elements()
+            if size * dtype.size >= self._chunk_bytes:
+                planned += [[(index, start, end)] for start, end in self.chunks(variable)]
+                continue
+            if size == 0:
+                continue
+            transfer, used = filling.get(dtype, (None, 0))
+            if transfer is None or used + size * dtype.size > self._chunk_bytes:
+                transfer, used = [], 0
+                planned.append(transfer)
+            transfer.append((index, 0, size))
+            filling[dtype] = (transfer, used + size * dtype.size)
+        return planned
+
     def _trace(self, variables: list, is_source: bool) -> Callable:
         def transfer():
             group_size = self._group_size.read()
             group_key = self._group_key.read()
-            instance_key = BROADCAST_INSTANCE_KEY_START
+            shapes = [tensor_shape.TensorShape(v.shape) for v in variables]
             sent = []
-            for variable in variables:
-                dtype = dtypes.as_dtype(variable.dtype)
-                shape = tensor_shape.TensorShape(variable.shape)
-                flat = array_ops.reshape(variable, [-1]) if is_source else None
-                parts = []
-                for start, end in self.chunks(variable):
-                    instance_key += 1
-                    with ops.device(self._device):
-                        if is_source:
-                            part = flat if end - start == shape.num_elements() else flat[start:end]
-                            sent.append(collective_ops.broadcast_send_v2(
-                                part, group_size, group_key, instance_key))
-                        else:
-                            parts.append(collective_ops.broadcast_recv_v2(
-                                [end - start], dtype, group_size, group_key, instance_key))
-                if parts:
-                    value = parts[0] if len(parts) == 1 else array_ops.concat(parts, axis=0)
-                    variable.assign(array_ops.reshape(value, shape))
+            received: dict[int, list] = {}
+            flat = {}
+            for number, ranges in enumerate(self.transfers(variables)):
+                instance_key = BROADCAST_INSTANCE_KEY_START + 1 + number
+                dtype = dtypes.as_dtype(variables[ranges[0][0]].dtype)
+                with ops.device(self._device):
+                    if is_source:
+                        parts = []
+                        for index, start, end in ranges:
+                            if index not in flat:
+                                flat[index] = array_ops.reshape(variables[index], [-1])
+                            whole = end - start == shapes[index].num_elements()
+                            parts.append(flat[index] if whole else flat[index][start:end])
+                        payload = parts[0] if len(parts) == 1 else array_ops.concat(parts, 0)
+                        sent.append(collective_ops.broadcast_send_v2(
+                            payload, group_size, group_key, instance_key))
+                        continue
+                    value = collective_ops.broadcast_recv_v2(
+                        [sum(end - start for _, start, end in ranges)], dtype, group_size,
+                        group_key, instance_key)
+                    offset = 0
+                    for index, start, end in ranges:
+                        received.setdefault(index, []).append(
+                            value if len(ranges) == 1 else value[offset:offset + end - start])
+                        offset += end - start
+            for index, parts in received.items():
+                value = parts[0] if len(parts) == 1 else array_ops.concat(parts, axis=0)
+                variables[index].assign(array_ops.reshape(value, shapes[index]))
             # A send whose output nothing uses would be pruned from the function.
             with ops.control_dependencies(sent):
                 return array_ops.identity(group_size)

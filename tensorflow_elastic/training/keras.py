@@ -21,6 +21,7 @@ import tensorflow as tf
 from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.tf_internals import private, require
+from tensorflow_elastic.training import warm_up as warm_up_lib
 from tensorflow_elastic.training.state import State
 # tfe.keras.MembershipSummaries
 from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401
@@ -104,8 +105,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
                 f"batches per pass: an elastic epoch is one pass over a finite input; pass "
                 f"steps_per_epoch={passes} (or none), or .repeat() the input")
-        if _is_tf_keras(self.model) or not _scale_losses_at_run_time():
-            _retrace_if_world_changed(self.model, strategy.num_replicas_in_sync)
+        _follow_world_size(self.model, strategy)
         if self._input is not None:
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
@@ -392,6 +392,31 @@ def _scale_losses_at_run_time() -> bool:
 
 
 _scaling_installed = False
+
+
+def _follow_world_size(model: Any, strategy: Any) -> None:
+    """Before the model trains: its train function serves the current world size (Keras 3's
+    losses scaled at run time, one traced function for all; otherwise one traced per size)."""
+    if _is_tf_keras(model) or not _scale_losses_at_run_time():
+        _retrace_if_world_changed(model, strategy.num_replicas_in_sync)
+
+
+def warm_up(model: Any, dataset: Any, steps: int = 1) -> bool:
+    """On a node joining a running job: `model.fit` over the first `steps` global batches of
+    `dataset`, now, alone, before it joins (`tensorflow_elastic.warm_up`); elsewhere does
+    nothing. Returns whether it ran.
+
+    Its train function is then traced and run before the members wait for the node: under
+    Keras 3 it serves every world size, so the node's first step in the job traces nothing
+    (tf-keras traces it again for the world size it joins). The state sync that admits the
+    node replaces what these steps changed in the state (weights, optimizer, counters).
+    """
+    if not warm_up_lib.joining():
+        return False
+    _follow_world_size(model, model.distribute_strategy)
+    # The dataset as it is: the strategy's input takes only one that ends with its batch.
+    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+    return True
 
 
 def _retrace_if_world_changed(model: Any, world: int) -> None:

@@ -42,17 +42,20 @@ def describe(variables: list[tf.Variable]) -> list[Entry]:
              tf.as_dtype(v.dtype).name) for v in variables]
 
 
-def check(job: Exchange, mine: list[Entry], source: int) -> None:
+def check(job: Exchange, mine: list[Entry], source: int,
+          exchanged: dict[int, bytes] | None = None) -> None:
     """Compares every member's state layout with the source's (this node's is `mine`) before
-    any variable is sent.
+    any variable is sent. `exchanged`: every member's digest() when the sync has gathered
+    them already (with its other values: one exchange less); otherwise they are exchanged here.
 
     A node whose layout differs raises StateLayoutMismatch naming the first
     variable that differs (it then leaves); the others raise GenerationEnded
     and re-form without it. Without this check the sync's broadcast fails
     with a mismatch, and only where the differing node takes part.
     """
-    digests = {node_id: _digest_message(blob) for node_id, blob in
-               job.exchange("layout", digest(mine)).items()}
+    if exchanged is None:
+        exchanged = job.exchange("layout", digest(mine))
+    digests = {node_id: _digest_message(blob) for node_id, blob in exchanged.items()}
     differing = sorted(node_id for node_id, digest in digests.items()
                        if digest != digests[source])
     if not differing:

@@ -61,6 +61,8 @@ class _Furthest(NamedTuple):
     commits: int
     # The members whose variables may differ from the source's (see needing_state()).
     receivers: list[int]
+    # Every member's layout digest, when the members exchanged them (see layouts.check).
+    layouts: dict[int, bytes] | None = None
 
 
 def _copy_values(values: dict[str, Any]) -> dict[str, Any]:
@@ -174,8 +176,9 @@ class State:
     def prepare_to_join(self) -> None:
         """Builds, before a node joins, what its first sync runs (the members wait for that)."""
 
-    def _gather_furthest_ahead(self) -> _Furthest:
-        """The id, Python values and commits of the member with the most commits.
+    def _gather_furthest_ahead(self, layout: bytes | None = None) -> _Furthest:
+        """The id, Python values and commits of the member with the most commits (and with
+        `layout`, this member's layout digest, every member's digest).
 
         After a crash the step in flight may have finished on some members (their
         all-reduce completed) and failed on others: taking the state of one that
@@ -184,12 +187,17 @@ class State:
         Nothing local changes here, so a sync that fails half-way leaves the last
         commit intact.
         """
-        mine = plain_data.encode({"values": self._values, "commits": self._commits})
-        states = {node_id: _state_message(blob)
-                  for node_id, blob in self._bound().exchange("state", mine).items()}
-        commits = {node_id: count for node_id, (_, count) in states.items()}
+        message = {"values": self._values, "commits": self._commits}
+        if layout is not None:
+            message["layout"] = layout
+        states = {node_id: _state_message(blob) for node_id, blob in
+                  self._bound().exchange("state", plain_data.encode(message)).items()}
+        commits = {node_id: count for node_id, (_, count, _) in states.items()}
         source = furthest_ahead(commits)
-        return _Furthest(source, *states[source], receivers=needing_state(commits, source))
+        digests = None if layout is None else {node_id: digest for node_id, (_, _, digest)
+                                               in states.items()}
+        return _Furthest(source, *states[source][:2], receivers=needing_state(commits, source),
+                         layouts=digests)
 
     def _adopt(self, furthest: _Furthest) -> None:
         self._values.update(furthest.values)
@@ -198,14 +206,15 @@ class State:
         self.save()
 
 
-def _state_message(blob: bytes) -> tuple[dict[str, Any], int]:
-    """A member's (values, commits) from the bytes it exchanged, checked."""
+def _state_message(blob: bytes) -> tuple[dict[str, Any], int, bytes]:
+    """A member's (values, commits, layout digest or b"") from the bytes it exchanged, checked."""
     message = plain_data.decode(blob)
-    if (not isinstance(message, dict) or set(message) != {"values", "commits"}
+    if (not isinstance(message, dict) or set(message) - {"layout"} != {"values", "commits"}
             or not isinstance(message["values"], dict) or type(message["commits"]) is not int
-            or message["commits"] < 0):
-        raise plain_data.NotPlainData("a member's exchanged state is not {values, commits}")
-    return message["values"], message["commits"]
+            or message["commits"] < 0 or not isinstance(message.get("layout", b""), bytes)):
+        raise plain_data.NotPlainData("a member's exchanged state is not {values, commits, "
+                                      "layout}")
+    return message["values"], message["commits"], message.get("layout", b"")
 
 
 def furthest_ahead(commits: dict[int, int]) -> int:
@@ -300,6 +309,9 @@ class TensorFlowState(State):
         variables = self._all_variables()
         if variables:
             self._bound().prepare_to_receive(variables)
+        # The snapshot the sync's commit takes, built now for the job's tally and inputs: the
+        # members would wait for its building in the first step.
+        self._take()
 
     def sync(self) -> None:
         """State.sync() plus the variables, broadcast from the member furthest ahead to the
@@ -309,11 +321,13 @@ class TensorFlowState(State):
 
         Records a `state_synced` event (bytes moved, seconds) on the source and the receivers.
         """
-        furthest = self._gather_furthest_ahead()
         variables = self._all_variables()
+        layout = layouts.describe(variables)
+        # The layouts' digests travel with the values: one exchange for both.
+        furthest = self._gather_furthest_ahead(layouts.digest(layout) if variables else None)
         if variables and furthest.receivers:
             job = self._bound()
-            layouts.check(job, layouts.describe(variables), furthest.source)
+            layouts.check(job, layout, furthest.source, furthest.layouts)
             if job.node_id == furthest.source or job.node_id in furthest.receivers:
                 started = time.perf_counter()
                 # Before the first commit a differing state is a bug to fix, not a newcomer's

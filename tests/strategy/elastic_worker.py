@@ -1,7 +1,8 @@
 """A worker of the multi-process strategy tests: linear regression in a custom loop.
 
 Prints one JSON line per committed step ({"node", "step", "loss", "world",
-"generation", "threads", "checksum"}) and a final {"done": ...} line. Settings come from
+"generation", "threads", "checksum"}) and a final {"done": ...} line (with the generations
+its step was traced in). A newcomer warms up (tfe.warm_up) before it joins. Settings come from
 the launcher-style environment (TFE_*) and argv: steps, sleep per step, and a
 pause before training (printing {"paused": ...} first) that keeps the others
 waiting in the first state sync. With HANG_FILE set (a path with "{node}" in
@@ -92,11 +93,14 @@ def train(state):
         state.commit()
 
 
+# A newcomer traces and runs its step alone before it joins (its result is replaced by the sync).
+tfe.warm_up(train_step, tf.constant(0, tf.int64))
 if PAUSE_BEFORE_TRAIN_S:
     print(json.dumps({"paused": True, "node": runtime.node_id}), flush=True)
     time.sleep(PAUSE_BEFORE_TRAIN_S)
 train(state)
 print(json.dumps({"done": True, "node": runtime.node_id, "traces": len(traces),
+                  "traced_in": traces,
                   "weights": [float(v) for v in tf.reshape(weights.read_value(), [-1])]
                   + [float(bias.read_value())]}),
       flush=True)

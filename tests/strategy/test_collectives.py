@@ -28,3 +28,12 @@ def test_a_joining_node_traces_the_receiving_function_once_ahead_of_its_first_sy
     assert receive.experimental_get_tracing_count() == 1
     # The sending side is another function, traced only when first needed.
     assert broadcaster._function(variables, is_source=True).experimental_get_tracing_count() == 0
+
+
+def test_small_variables_of_a_dtype_share_transfers_and_large_ones_go_in_chunks():
+    broadcaster = _broadcaster(chunk_bytes=16)
+    variables = [tf.Variable(tf.zeros([2])), tf.Variable(tf.zeros([5])),  # 8 B, 20 B (chunked)
+                 tf.Variable(0, dtype=tf.int64), tf.Variable(tf.zeros([1])),  # 8 B, 4 B
+                 tf.Variable(tf.zeros([0])), tf.Variable(tf.zeros([3]))]  # none, 12 B (a new one)
+    assert broadcaster.transfers(variables) == [
+        [(0, 0, 2), (3, 0, 1)], [(1, 0, 4)], [(1, 4, 5)], [(2, 0, 1)], [(5, 0, 3)]]

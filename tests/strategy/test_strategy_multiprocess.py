@@ -8,11 +8,13 @@ loss falling, and record what happened in the events file.
 import signal
 import time
 
+import numpy as np
 import pytest
 
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.rendezvous import Client
 from tensorflow_elastic.rendezvous.errors import RendezvousError
+from tests.strategy.replay import replay
 
 pytestmark = pytest.mark.multiprocess
 
@@ -180,7 +182,8 @@ def test_keras_fit_survives_the_chief_crash(orchestrator, start_workers, tmp_pat
 
 
 def test_grow_then_shrink(orchestrator, start_workers, tmp_path):
-    """2 -> 3 workers (a newcomer joins mid-run), then one member is killed: 3 -> 2."""
+    """2 -> 3 workers (a newcomer joins mid-run, warmed up), then one member is killed: 3 -> 2.
+    Every step trained once: the weights equal a one-process replay."""
     first = start_workers(orchestrator.endpoint, 2, min_nodes=2, max_nodes=3, steps=STEPS * 2)
     for w in first:
         w.wait_for_step(10)
@@ -199,6 +202,11 @@ def test_grow_then_shrink(orchestrator, start_workers, tmp_path):
     _check_finished_together(survivors, steps=STEPS * 2)
     assert all(w.steps[-1]["world"] == 2 for w in survivors)
     assert all(w.result["traces"] == 1 for w in survivors)
+    # The newcomer traced its step in its warm-up, alone, before it joined (generation 0): its
+    # first step in the job traced nothing, and its warm-up step left nothing in the job.
+    assert newcomer.result["traced_in"] == [0]
+    np.testing.assert_allclose(newcomer.result["weights"], replay(STEPS * 2), rtol=1e-4,
+                               atol=1e-5)
     worlds = [e["world_size"] for e in _read(tmp_path, events.GENERATION_START)
               if e["node"] == first[1].node_id]
     assert worlds == [3, 2]

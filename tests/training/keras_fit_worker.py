@@ -25,7 +25,9 @@ training, every worker also runs `evaluate` and `predict` under the strategy.
 argv: epochs, examples, global batch, sleep per batch (s). With
 KERAS_FIT_REFERENCE=1 it trains the same model in one plain process, no
 strategy, over the same global batches (the result to compare with).
-Prints a JSON line per batch and a final {"done": ...} line.
+A newcomer warms up (`tfe.keras.warm_up`) before it joins.
+Prints a JSON line per batch and a final {"done": ...} line (with the generations its train
+step was traced in).
 """
 
 import json
@@ -66,6 +68,10 @@ def make_example(i):
     return features, tf.sin(x * 0.5)
 
 
+# The generations the train step was traced in (0: before joining, in a newcomer's warm-up).
+TRACED_IN = []
+
+
 class CountingModel(keras.Model):
     """Dense regression on features[1:]; `counts[i]` = how often example i was trained on."""
 
@@ -84,6 +90,8 @@ class CountingModel(keras.Model):
                                          trainable=False)
 
     def train_step(self, data):
+        if not REFERENCE:
+            TRACED_IN.append(runtime.generation)  # Python: runs when Keras traces the step
         x, _ = data
         ids = tf.cast(x[:, 0], tf.int32)
         seen = tf.reduce_sum(tf.one_hot(ids, EXAMPLES), axis=0)
@@ -151,7 +159,8 @@ def report_done(evaluated, predicted):
               # How many examples were trained on how many times: {"3": 480} is exactly once.
               "counts": {str(int(c)): int(n) for c, n in zip(*np.unique(model.counts.numpy(),
                                                                     return_counts=True))},
-              "wrote_csv": getattr(csv_logger, "csv_file", None) is not None}
+              "wrote_csv": getattr(csv_logger, "csv_file", None) is not None,
+              "traced_in": TRACED_IN}
     if not REFERENCE and runtime.node_id == runtime.membership.chief_id:
         # A plain copy, outside the strategy, holds what the last checkpoint holds.
         copy = CountingModel()
@@ -227,4 +236,6 @@ def train(state):
 
 if BACKUP is not None:
     state.read(BACKUP)
+# A newcomer runs a step of fit alone before it joins (the sync replaces what it changed).
+tfe.keras.warm_up(model, dataset)
 report_done(*train(state))

@@ -111,6 +111,12 @@ def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
     _check_against_the_reference(results, _reference(subprocess_env, legacy))
     _check_files_of_the_current_chief(tmp_path, results, _node(finishers, min(
         w.node_id for w in finishers)), earlier_chiefs=[chief])
+    for newcomer in (first_newcomer, second_newcomer):
+        # Traced in its warm-up, before it joined (generation 0); under Keras 3 that one trace
+        # serves every world size: its steps in the job traced nothing.
+        assert newcomer.result["traced_in"][0] == 0
+        if not legacy:
+            assert newcomer.result["traced_in"] == [0]
 
 
 def _results(workers) -> list[dict]:

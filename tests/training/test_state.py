@@ -110,9 +110,15 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def _state(values, commits):
-    """What a member exchanges at a sync: its Python values and commits."""
-    return plain_data.encode({"values": values, "commits": commits})
+def _state(values, commits, like=None, layout=None):
+    """What a member exchanges at a sync: its Python values and commits, and the digest of its
+    state layout: `layout`'s, or the one in `like` (another member's message: the same layout)."""
+    message = {"values": values, "commits": commits}
+    if layout is not None:
+        message["layout"] = layouts_lib.digest(layout)
+    elif like is not None and "layout" in plain_data.decode(like):
+        message["layout"] = plain_data.decode(like)["layout"]
+    return plain_data.encode(message)
 
 
 class _Job:
@@ -145,14 +151,17 @@ def _members_ahead(state, broadcast, events_file=None, layouts=None):
     source, receivers)` stands in for the collectives that give the variables node 0's values.
     `layouts` (node -> layout) replaces the members' state layouts (default: all equal to node
     1's)."""
-    ahead = _state({"step": 7}, 7)
+    layouts = layouts or {}
 
     def exchange(topic, blob):
         if topic == "state":
-            return {0: ahead, 1: blob}
+            # Members other than 0 and 1 are newcomers.
+            return {0: _state({"step": 7}, 7, like=blob, layout=layouts.get(0)), 1: blob,
+                    **{node: _state({"step": 0}, 0, layout=layout)
+                       for node, layout in layouts.items() if node > 1}}
         message = layouts_lib.digest if topic == "layout" else layouts_lib.detail
         shared = {0: blob, 1: blob}
-        shared.update({node: message(layout) for node, layout in (layouts or {}).items()})
+        shared.update({node: message(layout) for node, layout in layouts.items()})
         return shared
 
     state.bind(_Job(exchange, broadcast, events_file))
@@ -179,6 +188,22 @@ def test_a_sync_records_what_it_moved_and_how_long_it_took(tmp_path):
     assert (synced["node"], synced["generation"], synced["source"]) == (1, 2, 0)
     assert synced["bytes"] == 2 * 4 + 8
     assert synced["seconds"] >= 0
+
+
+def test_a_sync_with_equal_layouts_gathers_the_members_in_one_exchange():
+    weights = tf.Variable([1.0])
+    state = tfe.TensorFlowState([weights], step=3)
+    topics = []
+
+    def exchange(topic, blob):
+        topics.append(topic)
+        return {0: _state({"step": 7}, 7, like=blob), 1: blob}
+
+    state.bind(_Job(exchange, _receive([[5.0]])))
+    state.sync()
+    # The layouts' digests travel with the values: every member waits for one gather only.
+    assert topics == ["state"]
+    assert weights.numpy().tolist() == [5.0]
 
 
 def test_sync_takes_the_values_and_variables_of_the_member_ahead():
@@ -275,7 +300,7 @@ def test_members_that_never_committed_take_the_chiefs_variables():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
     broadcasts = _recording_broadcasts(state, lambda topic, blob: {
-                                  0: blob if topic != "state" else _state({"step": 0}, 0),
+                                  0: blob if topic != "state" else _state({"step": 0}, 0, like=blob),
                                   1: blob}, generation=1)
     state.sync()
     # Every member initialized its own variables: even at zero commits they differ. At the
@@ -288,10 +313,11 @@ def test_a_member_in_step_with_the_source_takes_no_part_in_a_newcomers_sync():
     state = tfe.TensorFlowState([weights], step=0)
     state.step = 7
     object.__setattr__(state, "_commits", 7)
-    newcomer = _state({"step": 0}, 0)
     broadcasts = _recording_broadcasts(state, lambda topic, blob: {
-                                  0: blob if topic != "state" else _state({"step": 7}, 7),
-                                  1: blob, 2: blob if topic != "state" else newcomer}, generation=3)
+                                  0: blob if topic != "state" else _state({"step": 7}, 7, like=blob),
+                                  1: blob,
+                                  2: blob if topic != "state" else _state({"step": 0}, 0, like=blob)},
+                                       generation=3)
     state.sync()
     # Node 0 sends to node 2 only; node 1 holds the same commit already.
     assert broadcasts == []

@@ -1,0 +1,40 @@
+"""`tensorflow_elastic.warm_up`: the step runs once on a node about to join a running job (a
+standby node), and nowhere else."""
+
+from types import SimpleNamespace
+
+import pytest
+
+import tensorflow_elastic as tfe
+from tensorflow_elastic.strategy import runtime as runtime_lib
+
+
+@pytest.fixture
+def runtime_as(monkeypatch):
+    def use(standby: bool | None):
+        runtime = None if standby is None else SimpleNamespace(
+            session=SimpleNamespace(standby=standby))
+        monkeypatch.setattr(runtime_lib, "_runtime", runtime)
+
+    return use
+
+
+def test_a_joining_node_runs_its_step_once_with_its_arguments(runtime_as):
+    runtime_as(standby=True)
+    calls = []
+    assert tfe.warm_up(lambda *args, **kwargs: calls.append((args, kwargs)), 1, batch=2)
+    assert calls == [((1,), {"batch": 2})]
+
+
+@pytest.mark.parametrize("standby", [False, None], ids=["member", "no_runtime"])
+def test_a_member_or_a_process_outside_a_job_runs_nothing(runtime_as, standby):
+    runtime_as(standby=standby)
+    calls = []
+    assert not tfe.warm_up(lambda: calls.append(1))
+    assert calls == []
+
+
+def test_keras_warm_up_runs_nothing_on_a_member(runtime_as):
+    runtime_as(standby=False)
+    model = SimpleNamespace(fit=lambda *args, **kwargs: pytest.fail("fit ran on a member"))
+    assert not tfe.keras.warm_up(model, dataset=None)
