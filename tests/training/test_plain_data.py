@@ -105,7 +105,7 @@ def test_a_member_that_exchanges_a_crafted_pickle_is_refused_and_runs_nothing(tm
 def test_a_member_whose_message_has_the_wrong_shape_is_refused():
     state = tfe.State(step=1)
     state.bind(_PeerSends(plain_data.encode({"values": {"step": 9}, "commits": "9"})))
-    with pytest.raises(NotPlainData, match="not \\{values, commits\\}"):
+    with pytest.raises(NotPlainData, match="not \\{values, commits, layout\\}"):
         state.sync()
     assert state.step == 1
 
