@@ -2,12 +2,17 @@
 
 Starts a real orchestrator process and a few client processes, each
 simulating N/P light nodes on one asyncio gRPC channel. Every node joins at
-once, opens a Watch stream and heartbeats once a second. Measured:
+once, opens a Watch stream (naming the member map its join returned, so its updates
+are deltas) and heartbeats. Measured:
 
 * rendezvous_s: from the last join sent to every node released with the
   generation (max_nodes = N, so the last call never applies);
 * heartbeat_p50_ms / heartbeat_p99_ms: heartbeat round trips over a steady
   window (client side, so client scheduling delay counts against us);
+* beat_sent_late_p99_ms / beat_sent_late_max_ms: how late the clients sent their beats in
+  that window (past each beat's due time), and whole_run_worst_s per client process: the
+  latest beat and the slowest reply of the whole run, start-up included; with clients_cpu
+  they show the clients' own scheduling delay;
 * orchestrator_cpu: the orchestrator process's CPU time over the same window
   divided by its length (1.0 = one core busy; from /proc, so only for an
   orchestrator this script started);
