@@ -145,9 +145,14 @@ def test_joins_and_watches_that_name_their_map_get_deltas_and_others_the_whole_m
         joined = threading.Thread(target=newcomer.join, args=("127.0.0.1:22100", 20, 21, 20))
         joined.start()
         watched = []
-        watcher = threading.Thread(
-            target=lambda: watched.extend(u for _, u in zip(range(2), clients[1].watch())),
-            daemon=True)
+
+        def watch() -> None:
+            for update in clients[1].watch():
+                watched.append(update)
+                if update.membership.generation == 2:
+                    return
+
+        watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
         m2 = first.join()
         joined.join()
