@@ -70,6 +70,8 @@ class MapReplies:
     def _encode(self, kind: str, membership: Membership,
                 base: MapVersion | None) -> tuple[bytes, MapVersion]:
         version = self._version(membership)
+        if base is not None and base not in self._history:
+            base = None  # the whole map, encoded once for every client too far behind
         key = (kind, version, base)
         encoded = self._encoded.get(key)
         if encoded is None:

@@ -118,6 +118,9 @@ class MapHistory:
             self._maps.popitem(last=False)
         return version
 
+    def __contains__(self, version: MapVersion) -> bool:
+        return version in self._maps
+
     def delta(self, base: MapVersion, to: MapVersion) -> Delta | None:
         """What changed from ``base`` to ``to`` (a recorded version); None when ``base`` is not
         kept (the client is too far behind, or names a map this orchestrator never sent)."""
