@@ -2,12 +2,17 @@
 
 Starts a real orchestrator process and a few client processes, each
 simulating N/P light nodes on one asyncio gRPC channel. Every node joins at
-once, opens a Watch stream and heartbeats once a second. Measured:
+once, opens a Watch stream (naming the member map its join returned, so its updates
+are deltas) and heartbeats. Measured:
 
 * rendezvous_s: from the last join sent to every node released with the
   generation (max_nodes = N, so the last call never applies);
 * heartbeat_p50_ms / heartbeat_p99_ms: heartbeat round trips over a steady
   window (client side, so client scheduling delay counts against us);
+* beat_sent_late_p99_ms / beat_sent_late_max_ms: how late the clients sent their beats in
+  that window (past each beat's due time), and whole_run_worst_s per client process: the
+  latest beat and the slowest reply of the whole run, start-up included; with clients_cpu
+  they show the clients' own scheduling delay;
 * orchestrator_cpu: the orchestrator process's CPU time over the same window
   divided by its length (1.0 = one core busy; from /proc, so only for an
   orchestrator this script started);
@@ -73,6 +78,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     from tensorflow_elastic.rpc import UNREACHABLE_OR_SHED
 
     shed = UNREACHABLE_OR_SHED
+    reply_timeout = 10.0  # Client's default call_timeout
     transient = (*shed, grpc.StatusCode.DEADLINE_EXCEEDED)
     loop = asyncio.get_running_loop()
 
@@ -98,6 +104,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                     run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
                     min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}",
                     timeout_s=600), timeout=610)
+                maps[r.node_id] = pb.KnownMap(generation=r.membership.generation,
+                                              digest=r.membership.digest)
                 return r.node_id, sent, time.time()
             except grpc.aio.AioRpcError as e:
                 if e.code() not in shed:
@@ -106,6 +114,9 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 await asyncio.sleep(random.uniform(0.0, 0.5))
 
     join_retries: list[str] = []
+    # The member map each node holds (from its join, then its watch): watches name it, so the
+    # orchestrator sends what changed (clients of an orchestrator without deltas ignore it).
+    maps: dict[int, pb.KnownMap] = {}
     assert await command() == "join"
     joined = await asyncio.gather(*(join(i) for i in indices))
     ids = [j[0] for j in joined]
@@ -114,6 +125,10 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     measuring = {"on": False}
     early = {"reform": False}
     latencies: list[float] = []
+    # How late each beat was sent (ms past its due time): the clients' own scheduling delay.
+    lateness: list[float] = []
+    # Over the whole run, start-up included: the latest beat sent and the slowest reply (s).
+    worst = {"late": 0.0, "reply": 0.0}
     killed: set[int] = set()
     replaced: set[int] = set()  # killed on purpose in the soak: their removal is expected
     refused: dict[int, str] = {}  # node -> why the orchestrator refused its beats
@@ -133,6 +148,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         await asyncio.sleep(interval * k / count)
         next_at = loop.time()
         while node_id not in killed:
+            if measuring["on"]:
+                lateness.append((loop.time() - next_at) * 1000)
             t0 = time.perf_counter()
             try:
                 reply = await stub.Heartbeat(pb.HeartbeatRequest(
@@ -162,9 +179,14 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                     if not beats:
                         await call.done_writing()
                         return
+                    late = loop.time() - next_at
+                    worst["late"] = max(worst["late"], late)
+                    if measuring["on"]:
+                        lateness.append(late * 1000)
                     t0 = time.perf_counter()
                     await call.write(pb.KeepAliveRequest(beats=beats))
-                    response = await call.read()
+                    # As Client's stream: a reply that does not come in time reopens the stream.
+                    response = await asyncio.wait_for(call.read(), reply_timeout)
                     if response is grpc.aio.EOF:
                         break
                     for answer in response.answers:
@@ -172,26 +194,33 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                             note_reply(answer.node_id, answer.info)
                         else:
                             refused[answer.node_id] = answer.message
+                    worst["reply"] = max(worst["reply"], time.perf_counter() - t0)
                     if measuring["on"]:
                         latencies.append((time.perf_counter() - t0) * 1000)
                     next_at += interval
                     await asyncio.sleep(max(0.0, next_at - loop.time()))
             except grpc.aio.AioRpcError as e:
-                beat_errors.append(f"{e.code().name}: {e.details()}")
+                beat_errors.append(f"beat {e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
+            except asyncio.TimeoutError:
+                beat_errors.append(f"beat: no reply within {reply_timeout:g} s")
+                call.cancel()
 
     async def watch(node_id: int, k: int, count: int) -> None:
         # Like Client.watch: a broken stream is opened again (it restarts with the current state).
         await asyncio.sleep(k * processes / WATCHES_OPENED_PER_S)
         while True:
             try:
-                async for update in stub.Watch(pb.WatchRequest(run_id=RUN_ID, node_id=node_id)):
+                async for update in stub.Watch(pb.WatchRequest(
+                        run_id=RUN_ID, node_id=node_id, known_map=maps.get(node_id))):
+                    maps[node_id] = pb.KnownMap(generation=update.membership.generation,
+                                                digest=update.membership.digest)
                     if update.membership.generation > generation["now"]:
                         seen[node_id] = update.reason
                         if len(seen) >= len(watch_tasks.keys() - killed):
                             all_seen.set()
             except grpc.aio.AioRpcError as e:
-                watch_errors.append(f"{e.code().name}: {e.details()}")
+                watch_errors.append(f"watch {e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
 
     def start(new_ids: list[int]) -> None:
@@ -234,7 +263,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         elif cmd == "stop_measure":
             measuring["on"] = False
             conn.send((latencies, early["reform"], list(watch_errors) + beat_errors,
-                       time.process_time() - cpu_at, len(join_retries)))
+                       time.process_time() - cpu_at, len(join_retries), lateness,
+                       sorted(refused.items())[:5], dict(worst), len(refused)))
         elif cmd == "kill":
             await kill(ids[:1])
         elif cmd == "wait_reform":
@@ -422,12 +452,18 @@ def _scale(args: argparse.Namespace, endpoint: str,
             (cpu_seconds(server.proc.pid) - cpu_before[0]) / (time.monotonic() - cpu_before[1]), 3)
         clients_cpu = round(sum(r[3] for r in replies) / window, 3)
         join_retries = sum(r[4] for r in replies)
+        latencies = [x for r in replies for x in r[0]]
+        lateness = [x for r in replies for x in r[5]]
         if any(r[1] for r in replies):
             failed = [e for r in replies for e in r[2]]
             raise RuntimeError(f"a node was declared dead before the kill: heartbeats were "
                                f"delayed beyond --heartbeat_timeout; the machine is overloaded "
-                               f"({len(failed)} calls failed: {failed[:3]})")
-        latencies = [x for r in replies for x in r[0]]
+                               f"({len(failed)} calls failed: {sorted(set(failed))[:5]}; "
+                               f"clients' CPU "
+                               f"{clients_cpu}, beats sent late by up to "
+                               f"{max(lateness, default=0):.0f} ms in the window; whole run: "
+                               f"{[r[7] for r in replies]}; {sum(r[8] for r in replies)} "
+                               f"refused: {[x for r in replies for x in r[6]][:3]})")
         print(f"{len(latencies)} heartbeats measured; clients' CPU {clients_cpu}", flush=True)
         killed_at = time.monotonic()
         conns[0].send("kill")
@@ -458,7 +494,11 @@ def _scale(args: argparse.Namespace, endpoint: str,
               "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
               "heartbeat_p99_ms": round(percentile(latencies, 99), 3),
               "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
-              "clients_cpu": clients_cpu, "reform_after_kill_s": round(reform_s, 4),
+              "clients_cpu": clients_cpu,
+              "beat_sent_late_p99_ms": round(percentile(lateness, 99), 3),
+              "beat_sent_late_max_ms": round(max(lateness), 3),
+              "whole_run_worst_s": [{k: round(v, 3) for k, v in r[7].items()} for r in replies],
+              "reform_after_kill_s": round(reform_s, 4),
               "detected_by": detected_by}
     if soak is not None:
         result["soak"] = soak

@@ -14,6 +14,9 @@ able to send nodes (and their token) elsewhere. Every call may be sent twice:
 joins carry a nonce and members their permanent id, so retries never create a
 second node; a barrier or exchange is named by generation and name; a repeated
 leave or failure report changes nothing more.
+Joins and watches name the member map the client holds, so the orchestrator may
+answer with what changed since (member_deltas.py); a delta that does not check
+out is asked for again as the whole map.
 Errors come back as the :mod:`~tensorflow_elastic.rendezvous.errors` classes.
 """
 
@@ -32,10 +35,11 @@ import grpc
 from tensorflow_elastic import rpc
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
-from tensorflow_elastic.rendezvous import auth, keepalive
+from tensorflow_elastic.rendezvous import auth, keepalive, member_deltas
 from tensorflow_elastic.rendezvous.errors import (
     LEADER_METADATA_KEY, NOT_LEADER, OrchestratorUnreachableError, RendezvousError)
 from tensorflow_elastic.rendezvous.keepalive import KeepAliveStream
+from tensorflow_elastic.rendezvous.member_deltas import DeltaMismatch, MapVersion
 from tensorflow_elastic.rendezvous.settings import (
     CLIENT_RECONNECT_BACKOFF_MAX_S, CLIENT_RETRY_BACKOFF_MAX_S)
 from tensorflow_elastic.rendezvous.types import (
@@ -64,9 +68,35 @@ _CHANNEL_OPTIONS = [
 ]
 
 
+# A member map the client holds, and its version.
+HeldMap = tuple[MapVersion, dict[int, str]]
+
+
 def membership_from_proto(node_id: int | None, m: pb.Membership,
                           taken_back_after: str = "") -> Membership:
     return Membership(node_id, m.generation, dict(m.members), m.chief_id, taken_back_after)
+
+
+def read_membership(node_id: int | None, m: pb.Membership, held: HeldMap | None,
+                    taken_back_after: str = "") -> tuple[Membership, HeldMap]:
+    """The membership ``m`` carries, whole or as a delta against ``held`` (the map the request
+    named), and the map now held; DeltaMismatch when the delta does not apply to it."""
+    if not m.delta:
+        members = dict(m.members)
+    elif held is None or held[0] != MapVersion(m.base.generation, m.base.digest):
+        raise DeltaMismatch(f"a delta against generation {m.base.generation}, which this "
+                            f"client did not name")
+    else:
+        members = member_deltas.apply(held[1], held[0].digest, member_deltas.Delta(
+            dict(m.members), list(m.removed)), m.digest)
+    return (Membership(node_id, m.generation, members, m.chief_id, taken_back_after),
+            (MapVersion(m.generation, m.digest), members))
+
+
+def _name_map(request: pb.JoinRequest | pb.WatchRequest, held: HeldMap | None) -> None:
+    if held is not None:
+        request.known_map.generation = held[0].generation
+        request.known_map.digest = held[0].digest
 
 
 class Client:
@@ -102,6 +132,8 @@ class Client:
         self.generation = 0
         self._join_args: tuple[str, int, int] | None = None
         self._heartbeats: _Heartbeats | None = None
+        # The last member map a join or watch got: the next ones may get a delta against it.
+        self._held: HeldMap | None = None
         self._closed = False
 
     def close(self) -> None:
@@ -142,6 +174,7 @@ class Client:
         address, min_nodes, max_nodes = self._join_args
         nonce = uuid.uuid4().hex
         deadline = time.monotonic() + timeout
+        named: list[HeldMap | None] = [None]
 
         def request() -> pb.JoinRequest:
             req = pb.JoinRequest(run_id=self.run_id, address=address, min_nodes=min_nodes,
@@ -149,13 +182,27 @@ class Client:
                                  nonce=nonce, timeout_s=_remaining(deadline))
             if self.node_id is not None:
                 req.node_id = self.node_id
+            _name_map(req, named[0])
             return req
 
-        response = self._call(lambda stub: stub.Join, request, deadline)
+        # A join again after a bad delta, naming no map, gets the whole one: the node is a
+        # member of a generation newer than last_generation by now, so it returns at once.
+        for held in (self._held, None):
+            named[0] = held
+            response = self._call(lambda stub: stub.Join, request, deadline)
+            try:
+                membership, self._held = read_membership(
+                    response.node_id, response.membership, held, response.taken_back_after)
+                break
+            except DeltaMismatch as e:
+                logger.warning("the member map of a join reply did not check out (%s); "
+                               "asking for the whole map", e)
+        else:
+            raise RendezvousError("the orchestrator sent a delta of the member map to a join "
+                                  "that named no map")
         self.node_id = response.node_id
         self.generation = response.membership.generation
-        return membership_from_proto(self.node_id, response.membership,
-                                     response.taken_back_after)
+        return membership
 
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
         """Gets this node's permanent id without joining yet; returns at once.
@@ -182,11 +229,15 @@ class Client:
         """Yields the membership now and after every change; subscribes again when the
         stream breaks (orchestrator restart); ends when the run fails (the last update says
         why) or the client is closed."""
-        request = pb.WatchRequest(run_id=self.run_id)
-        if self.node_id is not None:
-            request.node_id = self.node_id
         # A watch starts with the current state, so subscribing again loses nothing.
+        named = True  # naming the map held; not after a delta that did not check out
         while not self._closed:
+            request = pb.WatchRequest(run_id=self.run_id)
+            if self.node_id is not None:
+                request.node_id = self.node_id
+            held = self._held if named else None
+            _name_map(request, held)
+            named = True
             try:
                 stream = self._call(lambda stub: lambda req, **kw: _first(stub.Watch(req, **kw)),
                                     lambda: request, timeout=None)
@@ -197,10 +248,16 @@ class Client:
             try:
                 for update in stream:
                     state = Phase(pb.RunState.Name(update.state))
-                    yield MembershipUpdate(membership_from_proto(None, update.membership), state,
-                                           update.waiting, update.reason)
+                    membership, held = read_membership(None, update.membership, held)
+                    if self._held is None or held[0].generation >= self._held[0].generation:
+                        self._held = held
+                    yield MembershipUpdate(membership, state, update.waiting, update.reason)
                     if state.ended:
                         return  # nothing more will change
+            except DeltaMismatch as e:
+                logger.warning("a watch update's member map did not check out (%s); "
+                               "subscribing again for the whole map", e)
+                named = False
             except grpc.RpcError as e:
                 if not self._closed and e.code() not in _RESUBSCRIBE:
                     raise rpc.rebuild_error(e, RendezvousError) from None

@@ -120,6 +120,10 @@ class RunState:
         default_factory=collections.OrderedDict)
     # When a run below min_nodes fails unless nodes come back (time.monotonic()).
     below_min_at: float | None = None
+    # removed_since's answers for the member map they were counted against: nodes still in a
+    # past generation beat until they re-join, and each would cost a pass over every member.
+    _removed_counts: tuple[dict[int, str], dict[int, int]] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     @classmethod
     def new(cls, run_id: str, min_nodes: int, max_nodes: int, settings: RunSettings) -> RunState:
@@ -160,7 +164,13 @@ class RunState:
         past = self.past.get(generation)
         if past is None or generation == self.generation and self.phase == Phase.ACTIVE:
             return 0
-        return len(past - self.members.keys())
+        counts = self._removed_counts
+        if counts is None or counts[0] is not self.members:
+            counts = self._removed_counts = (self.members, {})
+        removed = counts[1].get(generation)
+        if removed is None:
+            removed = counts[1][generation] = len(past - self.members.keys())
+        return removed
 
     def forming(self) -> Forming | None:
         """Where a forming run stands; None when it is not forming."""

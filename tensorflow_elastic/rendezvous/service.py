@@ -8,16 +8,14 @@ capped (the limits below and in RunSettings), and runs without a live node
 expire.
 
 When a generation forms, every member's join returns and every watcher gets
-an update, all carrying the same member map (1,000 members: ~25 KB). The map
-is serialized once per change and the replies are sent as bytes: a protobuf
-message followed by another field is that message with the field merged in.
+an update, all carrying the member map, or what changed in it since the map the
+client holds (map_replies.py: encoded once per change, sent as bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import functools
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -31,13 +29,14 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.rendezvous.errors import (
     UNKNOWN_RUN, InvalidArgumentError, LimitReachedError, RendezvousError)
 from tensorflow_elastic.rendezvous.liveness import LoopClock
+from tensorflow_elastic.rendezvous.map_replies import MapReplies, known_map
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.refusals import check_last_generation
 from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import HeartbeatInfo, MembershipUpdate, NodeBounds
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Membership, NodeBounds
 
 MAX_RUN_ID = 128
 MAX_ADDRESS = 256
@@ -91,9 +90,9 @@ class RendezvousService:
         self._events = events
         self._metrics = metrics
         self._runs: dict[str, Run] = {}
-        self._encoded: dict[str, _Encoded] = {}
-        # The update every watcher of a run is sent now, encoded once.
-        self._updates: dict[str, tuple[MembershipUpdate, bytes]] = {}
+        # Each run's current membership (by the run's version) and its maps as replies.
+        self._memberships: dict[str, tuple[int, Membership]] = {}
+        self._map_replies: dict[str, MapReplies] = {}
         # Runs being deleted; a new run of the same id waits for its file to go.
         self._deleting: dict[str, asyncio.Task] = {}
         self._watches: collections.Counter[str] = collections.Counter()
@@ -147,8 +146,8 @@ class RendezvousService:
 
     def _delete(self, run_id: str) -> None:
         run = self._runs.pop(run_id)
-        self._encoded.pop(run_id, None)
-        self._updates.pop(run_id, None)
+        self._memberships.pop(run_id, None)
+        self._map_replies.pop(run_id, None)
         self._metrics.forget_run(run_id)
 
         async def delete() -> None:
@@ -204,17 +203,23 @@ class RendezvousService:
                 response_serializer=_serialize)
         return grpc.method_handlers_generic_handler(service.full_name, handlers)
 
-    def _encode(self, run: Run) -> "_Encoded":
-        """The current membership of ``run``, encoded once per change of the run."""
-        encoded = self._encoded.get(run.run_id)
-        if encoded is None or encoded.version != run.version:
-            m = run.membership()
-            message = pb.Membership(generation=m.generation, members=m.members,
-                                    chief_id=m.chief_id)
-            encoded = _Encoded(run.version, message,
-                               pb.JoinResponse(membership=message).SerializeToString())
-            self._encoded[run.run_id] = encoded
-        return encoded
+    def _membership(self, run: Run) -> Membership:
+        """The current membership of ``run``, taken once per change of the run."""
+        cached = self._memberships.get(run.run_id)
+        if cached is None or cached[0] != run.version:
+            cached = (run.version, run.membership())
+            self._memberships[run.run_id] = cached
+        return cached[1]
+
+    def _replies(self, run: Run) -> MapReplies:
+        replies = self._map_replies.get(run.run_id)
+        if replies is None:
+            replies = self._map_replies[run.run_id] = MapReplies()
+        return replies
+
+    def _join_tail(self, run: Run, request: pb.JoinRequest) -> bytes:
+        """The run's current membership as the end of a join reply to ``request``."""
+        return self._replies(run).join_tail(self._membership(run), known_map(request))
 
     # ------------------------------------------------------------------ RPCs
 
@@ -252,14 +257,14 @@ class RendezvousService:
         if request.register_only:
             node_id = await run.register(request.address, request.nonce)
             return (pb.JoinResponse(node_id=node_id).SerializeToString()
-                    + self._encode(run).join_tail)
+                    + self._join_tail(run, request))
         node_id = request.node_id if request.HasField("node_id") else None
         membership = await run.join(request.address, node_id, request.last_generation,
                                     request.nonce, request.timeout_s)
-        # run.join returned the run's current membership, which is what _encode encodes.
+        # run.join returned the run's current membership, which is what _join_tail encodes.
         return (pb.JoinResponse(node_id=membership.node_id,
                                 taken_back_after=membership.taken_back_after).SerializeToString()
-                + self._encode(run).join_tail)
+                + self._join_tail(run, request))
 
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
@@ -315,10 +320,15 @@ class RendezvousService:
             await _abort(context, e)
         self._metrics.rpc_done("Watch", "OK")
         node_id = request.node_id if request.HasField("node_id") else None
+        # A watcher that names its map gets deltas, each against the update before it.
+        base = known_map(request)
         self._watches[peer] += 1
         try:
             async for update in run.watch(node_id):
-                yield self._update(run, update)
+                encoded, version = self._replies(run).update(update, base)
+                if base is not None:
+                    base = version
+                yield encoded
         finally:
             self._watches[peer] -= 1
             if not self._watches[peer]:
@@ -335,20 +345,6 @@ class RendezvousService:
             raise LimitReachedError(
                 f"this orchestrator has {self._watches.total()} watch streams open, its most "
                 f"(max_watches={settings.max_watches}); try again later")
-
-    def _update(self, run: Run, update: MembershipUpdate) -> bytes:
-        """``update`` encoded, once for all the run's watchers (it is the run's durable state,
-        which may be older than the state joins are answered from)."""
-        cached = self._updates.get(run.run_id)
-        if cached is None or cached[0] is not update:
-            m = update.membership
-            cached = (update, pb.MembershipUpdate(
-                membership=pb.Membership(generation=m.generation, members=m.members,
-                                         chief_id=m.chief_id),
-                state=pb.RunState.Value(update.state), waiting=update.waiting,
-                reason=update.reason).SerializeToString())
-            self._updates[run.run_id] = cached
-        return cached[1]
 
     @_rpc
     async def ReportFailure(self, request: pb.ReportFailureRequest,
@@ -406,7 +402,7 @@ class RendezvousService:
         return pb.RunStatus(
             run_id=s.run_id, min_nodes=s.min_nodes, max_nodes=s.max_nodes,
             state=pb.RunState.Value(s.state), reason=s.reason,
-            membership=self._encode(run).membership,
+            membership=self._replies(run).membership(self._membership(run)),
             nodes=[pb.NodeStatus(node_id=n.node_id, address=n.address, role=n.role,
                                  silent_s=n.silent_s) for n in s.nodes],
             history=[pb.HistoryEntry(**entry) for entry in s.history],
@@ -420,14 +416,6 @@ _HANDLER_KINDS = {
     (False, True): grpc.unary_stream_rpc_method_handler,
     (True, True): grpc.stream_stream_rpc_method_handler,
 }
-
-
-@dataclasses.dataclass
-class _Encoded:
-    version: int
-    membership: pb.Membership
-    # The membership as field 2 of a JoinResponse; append it to the node id.
-    join_tail: bytes
 
 
 def _heartbeat_reply(info: HeartbeatInfo) -> pb.HeartbeatResponse:
