@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 from tensorflow_elastic.membership.session import PEER_CHECK_AFTER_S
@@ -18,14 +17,11 @@ from tensorflow_elastic.observability import events
 from tools.netns import FaultUnavailable
 
 from tests.conftest import netns_hosts
-from tests.launch.conftest import ELASTIC_WORKER
-from tests.launch.test_vanished_hosts import PORT, _records
-from tests.strategy.replay import replay
+from tests.launch.test_vanished_hosts import _records, finished_exactly_once, start_training
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = 700
-STEP_SLEEP_S = "0.05"
 # The slow step's probe (PEER_CHECK_AFTER_S, then a 1 s probe timeout), the orchestrator's probes
 # and a re-form, with room for two shared cores.
 REMOVED_WITHIN_S = PEER_CHECK_AFTER_S + 10.0
@@ -45,16 +41,7 @@ def _orchestrator_events(path, kind: str) -> list[dict]:
 def test_a_partition_between_two_workers_removes_one_side_once_and_the_job_goes_on(
         hosts, start, tmp_path):
     events_file = tmp_path / "events.jsonl"
-    endpoint = f"{hosts.address(0)}:{PORT}"
-    start("--host", hosts.address(0), "--port", str(PORT), "--insecure",
-          "--events_file", str(events_file), module="tensorflow_elastic.rendezvous",
-          wrap=lambda argv: hosts.command(0, argv)).wait_for(r"listening on ")
-    launchers = [start(f"--rdzv_endpoint={endpoint}", "--nnodes=2:3", "--monitor_interval=0.5",
-                       "--max_restarts=0", f"--events_file={events_file}", ELASTIC_WORKER,
-                       str(STEPS), STEP_SLEEP_S, wrap=lambda argv, i=i: hosts.command(i, argv))
-                 for i in (1, 2, 3)]
-    for proc in launchers:
-        proc.wait_for(r'"step": 30, .*"world": 3')
+    launchers = start_training(hosts, start, events_file, STEPS)
     try:
         hosts.drop(2, peer=3)
     except FaultUnavailable as e:
@@ -81,10 +68,4 @@ def test_a_partition_between_two_workers_removes_one_side_once_and_the_job_goes_
                   if any(r.get("node") == removal["node"] for _, r in _records(proc)))
     victim.wait_for(r"was removed from run .*partition.* and rejoined at generation \d+",
                     timeout=60)
-    for proc in launchers:
-        assert proc.wait() == 0, proc.tail()
-    results = [r for proc in launchers for _, r in _records(proc) if r.get("done")]
-    assert len(results) == 3
-    assert all(r["weights"] == results[0]["weights"] for r in results)
-    # Every global batch exactly once: the weights equal a replay of STEPS batches in one process.
-    np.testing.assert_allclose(results[0]["weights"], replay(STEPS), rtol=1e-4, atol=1e-5)
+    finished_exactly_once(launchers, STEPS)
