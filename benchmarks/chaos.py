@@ -417,6 +417,8 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
             g["generation"], g["members"], 20) else None)(job.current()), "the job to start")
         times = sorted(r["t"] for r in job.steps() if r["node"] == gen["members"][0])
         step_s = statistics.median(gaps(times))
+        wait(job, lambda: max(r["step"] for r in job.steps()) >= args.first_fault_step,
+             f"step {args.first_fault_step}", timeout=WAIT_S + args.first_fault_step * step_s)
         if hosts is not None:
             kinds = ["vanish"] * args.vanish
         elif args.soak:
@@ -535,6 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", type=int, default=30, help="faults in the run (default 30)")
     parser.add_argument("--stalls", type=int, default=2,
                         help="of the faults, SIGSTOPs past the heartbeat timeout (default 2)")
+    parser.add_argument("--first_fault_step", type=int, default=0,
+                        help="train to this global step before the first fault (default 0)")
     parser.add_argument("--seed", type=int, default=0, help="the faults' random order and offsets")
     parser.add_argument("--workload", choices=sorted(REPLAY_RTOL), default="linear",
                         help="the training loop (benchmarks/chaos_workloads.py; default linear)")

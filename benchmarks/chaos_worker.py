@@ -137,6 +137,10 @@ def report_step(step: int) -> None:
                           "generation": runtime.generation}), flush=True)
 
 
+def mark(name: str) -> None:
+    print(json.dumps({"trace": name, "t": time.time(), "node": runtime.node_id}), flush=True)
+
+
 def traced(owner, name: str) -> None:
     """Prints a trace line whenever `owner.name` returns or raises."""
     inner = getattr(owner, name)
@@ -145,8 +149,7 @@ def traced(owner, name: str) -> None:
         try:
             return inner(*a, **k)
         finally:
-            print(json.dumps({"trace": name, "t": time.time(), "node": runtime.node_id}),
-                  flush=True)
+            mark(name)
 
     setattr(owner, name, wrapper)
 
@@ -176,8 +179,18 @@ else:
 
         step = 0
 
+        def on_train_begin(self, logs=None):
+            if args.trace:
+                mark("fit_begin")
+
+        def on_train_batch_begin(self, batch, logs=None):
+            if args.trace and batch == 0:
+                mark("first_batch")
+
         def on_train_batch_end(self, batch, logs=None):
             Driven.step = step = state.batch
+            if args.trace and batch == 0:
+                mark("first_step")
             report_step(step)
             pause_point()
             if step >= stop_step():
@@ -203,6 +216,8 @@ def train(state):
             pause_point()
             state.commit()
     else:
+        if args.trace:
+            mark("fit")
         workload.model.fit(workload.dataset(KERAS_STEPS * args.global_batch), epochs=1,
                            verbose=0, callbacks=[tfe.keras.ElasticCallback(state), Driven()])
 

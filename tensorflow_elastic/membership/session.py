@@ -16,6 +16,7 @@ on a lost peer); nothing else calls out of the session.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -28,6 +29,7 @@ from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.membership.phase import (LIVE, WAITING_ON_THE_ORCHESTRATOR, PhaseMachine,
                                                  WorkerPhase)
 from tensorflow_elastic.membership.watchdog import ProgressWatchdog
+from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.steps import StepReporter
 from tensorflow_elastic.rendezvous.client import Client
@@ -49,6 +51,10 @@ DEFAULT_BARRIER_TIMEOUT_S = 30.0
 # and benchmarks, minutes for a first step that compiles a large model); PyTorch's NCCL
 # collectives time out after 10 minutes by default, which the fallback below (twice this) matches.
 DEFAULT_PROGRESS_TIMEOUT_S = 300.0
+# A step inside TensorFlow with no commit for this long probes the peers (see ProgressWatchdog):
+# a peer that does not answer while the orchestrator reaches it is a partition, reported at once.
+PEER_CHECK_AFTER_S = 5.0
+PEER_PROBE_TIMEOUT_S = 1.0
 # How often a removed node whose address is blocked asks again to come back.
 BLOCKED_RETRY_S = 2.0
 # Commits rewrite the node file at most this often (the agent reads it every second).
@@ -108,7 +114,9 @@ class MembershipSession:
         # Training returned here (finish()): this node's part of the job is done.
         self.finished = False
         self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside, self._on_stalled,
-                                         paused=lambda: self.phase in WAITING_ON_THE_ORCHESTRATOR)
+                                         paused=lambda: self.phase in WAITING_ON_THE_ORCHESTRATOR,
+                                         on_slow=self._check_peers,
+                                         slow_after=PEER_CHECK_AFTER_S)
 
     # ------------------------------------------------------------------- views
 
@@ -223,9 +231,13 @@ class MembershipSession:
                 raise ElasticJobFailed(f"this node cannot come back to the job: {e.message}") \
                     from None
             except BlocklistedError as e:
-                if self.absence is None or time.monotonic() > deadline:
+                # A member's address is blocked only once it was removed (its heartbeat may
+                # not have said so yet: the generation's end reached it first).
+                if (self.absence is None and first) or time.monotonic() > deadline:
                     raise
-                logger.warning("%s; it waits to come back: %s", self.absence.reason, e.message)
+                removed = (f"node {self.node_id} was removed" if self.absence is None
+                           else self.absence.reason)
+                logger.warning("%s; it waits to come back: %s", removed, e.message)
                 time.sleep(BLOCKED_RETRY_S)
         self._generation_ended.clear()
         if self.membership.taken_back_after and self.absence is None:
@@ -500,6 +512,21 @@ class MembershipSession:
                          only_from={WorkerPhase.STEPPED_ASIDE})
         self._resume_heartbeats()
 
+    def _check_peers(self, reason: str) -> None:
+        """A slow step: reports the peers this node cannot reach (the orchestrator decides who
+        leaves when it reaches them itself: a partition). Plain TCP probes of their servers,
+        which leave the heartbeat thread free (a silent reporter would look dead itself)."""
+        membership = self.membership
+        if membership is None or self.phase is not WorkerPhase.MEMBER:
+            return
+        others = {peer: address for peer, address in membership.members.items()
+                  if peer != self.node_id}
+        peers = asyncio.run(_unreachable(others, PEER_PROBE_TIMEOUT_S))
+        if peers:
+            logger.warning("node %d: %s and peer(s) %s do not answer; reporting them",
+                           self.node_id, reason, peers)
+            self.report_failure(peers, "PeerUnreachable", reason)
+
     def _on_stalled(self, reason: str) -> None:
         logger.warning("node %d: %s (%s); aborting its collectives to re-form", self.node_id,
                        reason, environment.PROGRESS_TIMEOUT)
@@ -550,3 +577,9 @@ def _orchestrator_lost(needed_for: str, error: OrchestratorUnreachableError) -> 
     return (f"this worker needs the orchestrator to {needed_for}, but {error.message}. Raise "
             f"{environment.ORCHESTRATOR_WAIT} (seconds, default {DEFAULT_ORCHESTRATOR_WAIT_S:g}) "
             f"to wait longer, or run replicas (tfelastic-orchestrator --store etcd://...)")
+
+
+async def _unreachable(peers: dict[int, str], timeout: float) -> list[int]:
+    """The peers (id -> address) whose address refuses or ignores a connection, probed at once."""
+    verdicts = await asyncio.gather(*(probe(address, timeout) for address in peers.values()))
+    return [peer for peer, verdict in zip(peers, verdicts) if verdict is Probe.DEAD]

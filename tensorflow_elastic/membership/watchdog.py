@@ -15,6 +15,11 @@ after ``timeout`` seconds without a commit, looks at where the main thread is:
   members re-form, and a member that never reaches the next barrier is removed
   at the barrier timeout.
 
+Well before that, every ``slow_after`` seconds without a commit while the main
+thread waits in TensorFlow, ``on_slow(reason)`` runs: the session probes its
+peers, so that a peer this member cannot reach while it still reaches the
+orchestrator (a partition between two hosts) is reported in seconds.
+
 TensorFlow-free: it recognises TensorFlow's frames by their file's directory.
 """
 
@@ -35,7 +40,8 @@ Listener = Callable[[str], None]
 
 class ProgressWatchdog:
     def __init__(self, timeout: float, on_stuck: Listener, on_stalled: Listener,
-                 paused: Callable[[], bool] = lambda: False):
+                 paused: Callable[[], bool] = lambda: False,
+                 on_slow: Listener | None = None, slow_after: float = float("inf")):
         """``paused()`` is true while the member legitimately makes no progress (re-forming)."""
         if timeout <= 0:
             raise ValueError(f"the progress timeout must be positive, got {timeout:g} s")
@@ -43,7 +49,10 @@ class ProgressWatchdog:
         self._on_stuck = on_stuck
         self._on_stalled = on_stalled
         self._paused = paused
+        self._on_slow = on_slow
+        self.slow_after = slow_after
         self._last: float | None = None
+        self._slow_told: float | None = None  # when on_slow last ran in this stall
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -73,6 +82,7 @@ class ProgressWatchdog:
             return
         idle = now - last
         if idle <= self.timeout:
+            self._check_slow(last, now)
             return  # the common case, every second: no stack to take (~0.2 ms at 40 frames)
         stack = main_thread_stack()
         if stack and not in_tensorflow(stack):
@@ -83,6 +93,16 @@ class ProgressWatchdog:
             self._last = now
             self._on_stalled(f"no commit for {idle:.0f} s while the main thread waits in "
                              f"TensorFlow; a peer may hang without having failed")
+
+    def _check_slow(self, last: float, now: float) -> None:
+        """``on_slow`` every ``slow_after`` seconds of a stall inside TensorFlow."""
+        if self._on_slow is None or now - max(last, self._slow_told or last) <= self.slow_after:
+            return
+        stack = main_thread_stack()
+        if stack and in_tensorflow(stack):
+            self._slow_told = now
+            self._on_slow(f"no commit for {now - last:.0f} s while the main thread waits in "
+                          f"TensorFlow")
 
     def _loop(self) -> None:
         while not self._stop.wait(min(1.0, self.timeout / 10)):

@@ -39,6 +39,16 @@ class Blocklist:
         entry.until = now + seconds
         return seconds
 
+    def hold(self, address: str, now: float | None = None) -> float:
+        """Blocks ``address`` now, as if it had reached ``after`` failures (a failure sure to
+        repeat as soon as it comes back: a partition); returns for how long."""
+        now = time.time() if now is None else now
+        entry = self._entries.setdefault(address, _Entry())
+        entry.failures = max(entry.failures, self.after)
+        seconds = min(self.cooldown * 2 ** (entry.failures - self.after), self.max_cooldown)
+        entry.until = max(entry.until, now + seconds)
+        return seconds
+
     def check(self, address: str, now: float | None = None) -> None:
         """Raises :class:`BlocklistedError` while ``address`` cools down."""
         now = time.time() if now is None else now

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator, Protocol
 
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
-from tensorflow_elastic.rendezvous import refusals
+from tensorflow_elastic.rendezvous import partition, refusals
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
 from tensorflow_elastic.rendezvous.liveness import Liveness, LoopClock, WatchLoss
 from tensorflow_elastic.rendezvous.run_state import (
@@ -78,6 +78,8 @@ class Run:
         # Connection attempts to reported peers under way at once, at most: a burst of reports
         # must not exhaust this process's file descriptors (which would fail every probe).
         self._probes = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
+        # Members that report each other unreachable while this process reaches both.
+        self._partitions = partition.PartitionReports()
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
@@ -299,7 +301,27 @@ class Run:
             await self._committer.wait(self._remove(
                 dead_now, f"reported by node {node_id}: {reason or 'unreachable'}", failed=True,
                 may_return=True))
+        elif (alive and generation == self._state.generation
+              and self._state.is_active_member(node_id)):
+            await self._leave_partition(node_id, generation, alive)
         return dead, alive
+
+    async def _leave_partition(self, node_id: int, generation: int, alive: list[int]) -> None:
+        """Removes the side partition.who_leaves picks once two live members reported each
+        other, and blocks its address for the cooldown (it would hang the job again at once)."""
+        self._partitions.add(generation, node_id, alive)
+        state = self._state
+        leaving = partition.who_leaves(self._partitions, state.generation, set(state.members))
+        if not leaving:
+            return
+        pairs = sorted({tuple(sorted(p)) for p in self._partitions.unreachable})
+        addresses = [state.members[leaver] for leaver in leaving]
+        ticket = self._remove(leaving, f"a partition: members {pairs} cannot reach each other "
+                              f"(each reaches the orchestrator); {leaving} leave(s)",
+                              failed=True, may_return=True)
+        for address in addresses:
+            state.blocklist.hold(address)
+        await self._committer.wait(ticket)
 
     async def gather(self, kind: str, name: str, node_id: int, generation: int, value: bytes,
                      timeout: float) -> dict[int, bytes]:

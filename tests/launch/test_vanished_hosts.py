@@ -42,19 +42,38 @@ def _records(proc) -> list[tuple[float, dict]]:
     return found
 
 
-def test_a_host_cut_off_mid_step_is_removed_the_others_go_on_and_it_rejoins(hosts, start,
-                                                                           tmp_path):
-    events_file = tmp_path / "events.jsonl"
+def start_training(hosts, start, events_file, steps: int) -> list:
+    """The orchestrator on host 0 and a launcher with one elastic worker on each of hosts 1-3,
+    training `steps` global batches; returns the launchers once all three train together."""
     endpoint = f"{hosts.address(0)}:{PORT}"
     start("--host", hosts.address(0), "--port", str(PORT), "--insecure",
           "--events_file", str(events_file), module="tensorflow_elastic.rendezvous",
           wrap=lambda argv: hosts.command(0, argv)).wait_for(r"listening on ")
     launchers = [start(f"--rdzv_endpoint={endpoint}", "--nnodes=2:3", "--monitor_interval=0.5",
                        "--max_restarts=0", f"--events_file={events_file}", ELASTIC_WORKER,
-                       str(STEPS), STEP_SLEEP_S, wrap=lambda argv, i=i: hosts.command(i, argv))
+                       str(steps), STEP_SLEEP_S, wrap=lambda argv, i=i: hosts.command(i, argv))
                  for i in (1, 2, 3)]
     for proc in launchers:
         proc.wait_for(r'"step": 30, .*"world": 3')
+    return launchers
+
+
+def finished_exactly_once(launchers: list, steps: int) -> list[dict]:
+    """Every launcher ends with 0, all three workers with the same weights, those of a replay of
+    `steps` global batches in one process (each trained on exactly once); returns their results."""
+    for proc in launchers:
+        assert proc.wait() == 0, proc.tail()
+    results = [r for proc in launchers for _, r in _records(proc) if r.get("done")]
+    assert len(results) == 3
+    assert all(r["weights"] == results[0]["weights"] for r in results)
+    np.testing.assert_allclose(results[0]["weights"], replay(steps), rtol=1e-4, atol=1e-5)
+    return results
+
+
+def test_a_host_cut_off_mid_step_is_removed_the_others_go_on_and_it_rejoins(hosts, start,
+                                                                           tmp_path):
+    events_file = tmp_path / "events.jsonl"
+    launchers = start_training(hosts, start, events_file, STEPS)
     survivors, victim = launchers[:2], launchers[2]
     generation = max(r["generation"] for _, r in _records(victim))
     hosts.link_down(3)  # mid-step: the steps are back to back
@@ -71,13 +90,7 @@ def test_a_host_cut_off_mid_step_is_removed_the_others_go_on_and_it_rejoins(host
     hosts.link_up(3)
     victim.wait_for(r"was removed from run .*\(no heartbeat for 1.5 s\) and rejoined at "
                     r"generation \d+")
-    for proc in launchers:
-        assert proc.wait() == 0, proc.tail()
-    results = [r for proc in launchers for _, r in _records(proc) if r.get("done")]
-    assert len(results) == 3
-    assert all(r["weights"] == results[0]["weights"] for r in results)
-    # Every global batch exactly once: the weights equal a replay of STEPS batches in one process.
-    np.testing.assert_allclose(results[0]["weights"], replay(STEPS), rtol=1e-4, atol=1e-5)
+    results = finished_exactly_once(launchers, STEPS)
     assert _records(victim)[-2][1]["world"] == 3  # it trained again, among the members
     failures = list(events.read_events(str(events_file), events.FAILURE_DETECTED))
     victim_node = results[2]["node"]

@@ -101,3 +101,32 @@ def test_the_thread_runs_checks_and_stops():
 def test_a_timeout_that_is_not_positive_is_refused():
     with pytest.raises(ValueError, match="must be positive"):
         ProgressWatchdog(0, print, print)
+
+
+def test_a_slow_step_in_tensorflow_asks_for_a_peer_check_every_slow_after(monkeypatch,
+                                                                          fake_tensorflow):
+    monkeypatch.setattr(watchdog_lib, "main_thread_stack", lambda: _stack(fake_tensorflow))
+    slow = []
+    dog = ProgressWatchdog(100.0, lambda r: None, lambda r: None, on_slow=slow.append,
+                           slow_after=5.0)
+    dog.progress()
+    start = time.monotonic()
+    dog.check(start + 4)
+    assert slow == []
+    dog.check(start + 6)
+    dog.check(start + 7)
+    assert len(slow) == 1 and "no commit for 6 s" in slow[0]
+    dog.check(start + 12)
+    assert len(slow) == 2  # again while the stall lasts
+    dog.progress()  # a commit: a new stall starts its own count
+    dog.check(time.monotonic() + 3)
+    assert len(slow) == 2
+
+
+def test_a_slow_step_outside_tensorflow_asks_for_no_peer_check():
+    slow = []
+    dog = ProgressWatchdog(100.0, lambda r: None, lambda r: None, on_slow=slow.append,
+                           slow_after=5.0)
+    dog.progress()
+    dog.check(time.monotonic() + 6)  # called from the main thread: it is not in TensorFlow
+    assert slow == []

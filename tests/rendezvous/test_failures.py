@@ -131,6 +131,30 @@ def test_report_failure_of_live_peer_is_rejected(orchestrator, nodes_for):
         assert a.heartbeat().generation == 1
 
 
+def test_two_live_members_that_report_each_other_lose_the_higher_id_once(orchestrator,
+                                                                         nodes_for):
+    nodes = nodes_for(orchestrator.endpoint)
+    joined = sorted(nodes.join(3, 2, 3), key=lambda joined: joined[0].node_id)
+    (chief, membership), (low, _), (high, _) = joined
+    listeners = [socket.socket() for _ in range(3)]
+    with listeners[0], listeners[1], listeners[2]:
+        # Every node's address answers the orchestrator's probes: all are alive.
+        for listener, address in zip(listeners, membership.members.values()):
+            host, port = address.rsplit(":", 1)
+            listener.bind((host, int(port)))
+            listener.listen()
+        # One side's report alone removes nobody: its reporter may be the one in trouble.
+        assert low.report_failure([high.node_id], "PeerUnreachable") == ([], [high.node_id])
+        assert chief.heartbeat().generation == 1
+        assert high.report_failure([low.node_id], "PeerUnreachable") == ([], [low.node_id])
+        with pytest.raises(NodeRemovedError, match="partition"):
+            high.heartbeat()
+        members = chief.join(timeout=10).members
+        assert high.node_id not in members and low.node_id in members
+        [run] = chief.status()
+        assert [address for address, _, _ in run.blocklist] == [membership.members[high.node_id]]
+
+
 def test_repeated_failures_blocklist_the_address(start_orchestrator, nodes_for, wait):
     server = start_orchestrator("--blocklist_after", "2", "--blocklist_cooldown", "600")
     nodes = nodes_for(server.endpoint)
