@@ -149,6 +149,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
     @property
     def _num_replicas_in_sync(self):
         return self._num_replicas
+
     def regroup(self, members: Mapping[int, str], generation: int) -> None:
         """Moves this process to generation `generation` with `members`; all members call it."""
         if generation <= self._generation:
