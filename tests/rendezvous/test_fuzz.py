@@ -26,6 +26,7 @@ RSS_GROWTH_CAP_BYTES = 200 * 1024 * 1024
 _SERVICE = pb.DESCRIPTOR.services_by_name["Rendezvous"]
 _F = pb_descriptor.FieldDescriptor
 _INT32 = (_F.TYPE_INT32, _F.TYPE_SINT32, _F.TYPE_SFIXED32)
+_UNSIGNED64 = (_F.TYPE_FIXED64, _F.TYPE_UINT64)
 
 
 def _string(rng: random.Random) -> str:
@@ -37,8 +38,12 @@ def _string(rng: random.Random) -> str:
 
 
 def _integer(rng: random.Random, field: _F) -> int:
-    low, high = (-2**31, 2**31 - 1) if field.type in _INT32 else (-2**63, 2**63 - 1)
-    return rng.choice([0, 1, 2, 3, -1, low, high, rng.randint(low, high), rng.randint(0, 10)])
+    if field.type in _UNSIGNED64:
+        low, high = 0, 2**64 - 1
+    else:
+        low, high = (-2**31, 2**31 - 1) if field.type in _INT32 else (-2**63, 2**63 - 1)
+    value = rng.choice([0, 1, 2, 3, -1, low, high, rng.randint(low, high), rng.randint(0, 10)])
+    return value % 2**64 if field.type in _UNSIGNED64 else value  # -1: the largest
 
 
 def _value(rng: random.Random, field: _F) -> object:
@@ -64,6 +69,8 @@ def random_request(rng: random.Random, message_type: type) -> object:
         if field.is_repeated:
             getattr(message, field.name).extend(
                 _value(rng, field) for _ in range(rng.choice([0, 1, 3, 10_000])))
+        elif field.type == _F.TYPE_MESSAGE:
+            getattr(message, field.name).CopyFrom(_value(rng, field))
         else:
             setattr(message, field.name, _value(rng, field))
     return message
