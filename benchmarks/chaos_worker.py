@@ -204,6 +204,11 @@ if args.trace:
         for name in names:
             traced(owner, name)
 
+if not workload.custom_loop:
+    # A newcomer runs a step of fit alone before it joins: the members do not wait for its
+    # first run of the train function.
+    tfe.keras.warm_up(workload.model, workload.dataset(args.global_batch))
+
 
 @tfe.run
 def train(state):
