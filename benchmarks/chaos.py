@@ -96,6 +96,7 @@ class ChaosJob(Job):
         worker = [WORKER, "--control", self.control, "--workload", args.workload,
                   "--global_batch", str(args.global_batch),
                   "--compute_ms", str(args.compute_ms), "--bins", str(args.bins),
+                  "--local_devices", str(args.local_devices),
                   *(["--trace"] if args.trace else [])]
         launch = [sys.executable, "-m", "tensorflow_elastic.distributed.launch",
                   "--max_restarts=100000", f"--monitor_interval={args.monitor_interval}",
@@ -570,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
                         "during each (network_faults)")
     parser.add_argument("--workers", type=int, default=None,
                         help="workers (default 3; 4 with --soak)")
+    parser.add_argument("--local_devices", type=int, default=1,
+                        help="logical CPU devices each worker drives, one replica each "
+                        "(default 1)")
     parser.add_argument("--keep", help="copy the events file here")
     parser.add_argument("--trace", action="store_true",
                         help="print when each phase of every survivor's recovery ended")

@@ -31,6 +31,8 @@ parser.add_argument("--replay", type=int, default=None,
 parser.add_argument("--global_batch", type=int, default=12)
 parser.add_argument("--bins", type=int, default=1024)
 parser.add_argument("--compute_ms", type=float, default=10.0)
+parser.add_argument("--local_devices", type=int, default=1,
+                    help="logical CPU devices this worker drives, one replica each")
 parser.add_argument("--trace", action="store_true",
                     help="print {\"trace\": phase, \"t\"} when each phase of a recovery ends")
 args = parser.parse_args()
@@ -63,6 +65,11 @@ if args.replay is not None:
         workload.model.fit(workload.dataset(args.replay * args.global_batch), epochs=1,
                            verbose=0)
     report_done(workload, None, args.replay)
+
+if args.local_devices > 1:
+    tf.config.set_logical_device_configuration(
+        tf.config.list_physical_devices("CPU")[0],
+        [tf.config.LogicalDeviceConfiguration()] * args.local_devices)
 
 import tensorflow_elastic as tfe  # noqa: E402
 
@@ -155,9 +162,13 @@ def traced(owner, name: str) -> None:
 
 
 runtime = tfe.init()
-strategy = tfe.ElasticMultiWorkerMirroredStrategy()
+strategy = tfe.ElasticMultiWorkerMirroredStrategy(
+    devices=[f"CPU:{i}" for i in range(args.local_devices)] if args.local_devices > 1 else None)
 workload = WORKLOADS[args.workload](strategy, args.global_batch, args.bins, args.compute_ms,
                                     args.control)
+if workload.custom_loop and args.local_devices > 1:
+    # Its batches are PerReplica values, one slice per device: no single-tensor signature.
+    workload.step = tf.function(workload.step.python_function)
 
 if workload.custom_loop:
     class ChaosState(ChaosPoints, tfe.TensorFlowState):
@@ -166,7 +177,8 @@ if workload.custom_loop:
     state = ChaosState(workload.variables(), step=0)
     batches = strategy.distribute_elastic_dataset(tf.data.Dataset.range(ELEMENTS),
                                                   args.global_batch)
-    workload.step.get_concrete_function()  # a newcomer traces while the members train
+    if args.local_devices == 1:
+        workload.step.get_concrete_function()  # a newcomer traces while the members train
     iterator = iter(batches)
 else:
     class ChaosState(ChaosPoints, tfe.KerasState):
