@@ -35,7 +35,7 @@ class Blocklist:
         entry.failures += 1
         if entry.failures < self.after:
             return 0.0
-        seconds = min(self.cooldown * 2 ** (entry.failures - self.after), self.max_cooldown)
+        seconds = self._cooldown_s(entry.failures)
         entry.until = now + seconds
         return seconds
 
@@ -45,9 +45,12 @@ class Blocklist:
         now = time.time() if now is None else now
         entry = self._entries.setdefault(address, _Entry())
         entry.failures = max(entry.failures, self.after)
-        seconds = min(self.cooldown * 2 ** (entry.failures - self.after), self.max_cooldown)
+        seconds = self._cooldown_s(entry.failures)
         entry.until = max(entry.until, now + seconds)
         return seconds
+
+    def _cooldown_s(self, failures: int) -> float:
+        return min(self.cooldown * 2 ** (failures - self.after), self.max_cooldown)
 
     def check(self, address: str, now: float | None = None) -> None:
         """Raises :class:`BlocklistedError` while ``address`` cools down."""
