@@ -250,6 +250,9 @@ class TensorFlowState(State):
         object.__setattr__(self, "_first_copies", [])
         object.__setattr__(self, "_built_cursors", -1)
         object.__setattr__(self, "_built_tally", None)
+        # (the variables' ids, their layout, its digest): a variable's name, shape and dtype
+        # never change, so every sync after the first reuses them (a sync is a recovery's path).
+        object.__setattr__(self, "_described", ((), [], b""))
         # (path, layout, values) of the input cursors in a file read before the state was
         # bound: see read().
         object.__setattr__(self, "_read_from", None)
@@ -313,6 +316,14 @@ class TensorFlowState(State):
         # members would wait for its building in the first step.
         self._take()
 
+    def _layout(self, variables: list[tf.Variable]) -> tuple[list, bytes]:
+        """The layout of `variables` and its digest, described once per list of variables."""
+        ids = tuple(id(v) for v in variables)
+        if self._described[0] != ids:
+            layout = layouts.describe(variables)
+            object.__setattr__(self, "_described", (ids, layout, layouts.digest(layout)))
+        return self._described[1], self._described[2]
+
     def sync(self) -> None:
         """State.sync() plus the variables, broadcast from the member furthest ahead to the
         members that need them (see needing_state(): none after a crash or a leave of members
@@ -322,9 +333,9 @@ class TensorFlowState(State):
         Records a `state_synced` event (bytes moved, seconds) on the source and the receivers.
         """
         variables = self._all_variables()
-        layout = layouts.describe(variables)
+        layout, digest = self._layout(variables)
         # The layouts' digests travel with the values: one exchange for both.
-        furthest = self._gather_furthest_ahead(layouts.digest(layout) if variables else None)
+        furthest = self._gather_furthest_ahead(digest if variables else None)
         if variables and furthest.receivers:
             job = self._bound()
             layouts.check(job, layout, furthest.source, furthest.layouts)
