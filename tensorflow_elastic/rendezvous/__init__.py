@@ -25,7 +25,6 @@ from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, Phase, RunStatus)
 
 
-
 def __getattr__(name: str):
     # The server side loads on first use: a worker, which only needs the client, starts sooner.
     if name == "Orchestrator":
