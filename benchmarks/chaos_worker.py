@@ -178,8 +178,10 @@ if workload.custom_loop:
     # one slice per device), made before a newcomer joins, while the members train.
     workload.step = tf.function(workload.step.python_function,
                                 input_signature=[batches.replica_element_spec])
-    workload.step.get_concrete_function()
     iterator = iter(batches)
+    # A newcomer runs it once, alone, before it joins: the members do not wait for its first
+    # run (with several devices, the multi-device function's instantiation).
+    tfe.warm_up(lambda: workload.step(next(iterator)))
 else:
     class ChaosState(ChaosPoints, tfe.KerasState):
         pass
