@@ -5,13 +5,14 @@
 It starts a small elastic job here (`tfelastic-run --standalone`, --workers
 workers): each worker drives its share of the machine's GPUs (the launcher's
 `--gpus split`: one GPU each, or several when there are more GPUs than
-workers), or --cpu_devices logical CPU devices when it sees no GPU; one replica
-a device. It SIGKILLs the chief mid-run, the launcher starts a new worker,
-which joins the running job; then every worker trains to a common step
-(examples/check_devices_worker.py). PASS when every local copy of every
-variable is the same on every worker, every example was trained on exactly
-once, and the weights equal those of one plain process trained on the same
-global batches; FAIL otherwise, saying what differed. Exit code 0 on PASS.
+workers; fewer GPUs than workers is refused), or --cpu_devices logical CPU
+devices when it sees no GPU; one replica a device. It SIGKILLs the chief
+mid-run, the launcher starts a new worker, which joins the running job; then
+every worker trains to a common step (examples/check_devices_worker.py).
+PASS when every local copy of every variable is the same on every worker,
+every example was trained on exactly once, and the weights equal those of one
+plain process trained on the same global batches; FAIL otherwise, saying
+what differed. Exit code 0 on PASS.
 """
 
 import argparse
@@ -26,6 +27,8 @@ import threading
 import time
 
 import numpy as np
+
+from tensorflow_elastic.launch.gpus import visible_gpus
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "check_devices_worker.py")
 WAIT_S = 300.0
@@ -90,10 +93,11 @@ def run_job(args: argparse.Namespace, control: str) -> tuple[list[dict], list[di
     what happened)."""
     job = Job(args, control)
     try:
-        # Every worker in, every replica of the job training.
-        first = job.wait_for("training with every worker", lambda: (lambda nodes: nodes if len(
-            nodes) == args.workers else None)({r["node"] for r in job.steps()
-                                               if r["step"] >= 5}))
+        def every_worker_training():
+            nodes = {r["node"] for r in job.steps() if r["step"] >= 5}
+            return nodes if len(nodes) == args.workers else None
+
+        first = job.wait_for("training with every worker", every_worker_training)
         replicas = max(r["replicas"] for r in job.steps())
         chief = min(first)
         victim = max((r for r in job.steps() if r["node"] == chief), key=lambda r: r["step"])
@@ -108,9 +112,12 @@ def run_job(args: argparse.Namespace, control: str) -> tuple[list[dict], list[di
             f.write(str(target))
         os.rename(os.path.join(control, "stop.tmp"), os.path.join(control, "stop"))
         members = (first - {chief}) | {joined["node"]}
-        done = job.wait_for("every worker's end", lambda: (lambda d: d if {
-            r["node"] for r in d} >= members else None)([r for r in job.records
-                                                         if r.get("done")]))
+
+        def every_member_done():
+            done = [r for r in job.records if r.get("done")]
+            return done if {r["node"] for r in done} >= members else None
+
+        done = job.wait_for("every worker's end", every_member_done)
         job.launcher.wait(WAIT_S)
     finally:
         job.stop()
@@ -154,6 +161,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.workers < 2:
         parser.error("--workers must be at least 2 (one is killed)")
+    gpus = visible_gpus()
+    if 0 < len(gpus) < args.workers:
+        parser.error(f"{len(gpus)} GPU(s) for {args.workers} workers: NCCL takes at most one "
+                     "worker a GPU (check on logical CPUs with CUDA_VISIBLE_DEVICES= before "
+                     "the command)")
     with tempfile.TemporaryDirectory(prefix="tfelastic-check-") as control:
         devices, done, story = run_job(args, control)
     steps = done[0]["step"]

@@ -131,7 +131,7 @@ def local_copies(variable) -> list:
     return [copy.numpy() for copy in strategy.experimental_local_results(variable)]
 
 
-train_step.get_concrete_function()  # a newcomer traces its step before it joins
+tfe.warm_up(lambda: train_step(next(iterator)))  # a newcomer: its step traced and run, alone
 train(state)
 trained = state.step * args.global_batch
 first = local_copies(counts)[0]
