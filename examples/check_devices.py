@@ -157,7 +157,9 @@ def main() -> int:
     parser.add_argument("--cpu_devices", type=int, default=2,
                         help="logical CPU devices a worker drives when it sees no GPU "
                         "(default 2)")
-    parser.add_argument("--global_batch", type=int, default=24)
+    parser.add_argument("--global_batch", type=int, default=24,
+                        help="examples a step trains on, cut among every replica of the job "
+                        "(default 24)")
     args = parser.parse_args()
     if args.workers < 2:
         parser.error("--workers must be at least 2 (one is killed)")
