@@ -307,6 +307,10 @@ class ElasticRuntime:
         extended = self.strategy.extended
         return extended.vote.tally, list(extended.input_cursors)
 
+    def step_order(self):
+        """The strategy's order of the steps' writes (None before there is a strategy)."""
+        return None if self.strategy is None else self.strategy.extended.step_order
+
     def _extended(self):
         if self.strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy before training")

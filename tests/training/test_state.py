@@ -145,6 +145,9 @@ class _Job:
     def snapshot_extras(self):
         return None, []
 
+    def step_order(self):
+        return None
+
 
 def _members_ahead(state, broadcast, events_file=None, layouts=None):
     """Node 1 syncs with node 0, which is at step 7 after 7 commits; `broadcast(variables,
