@@ -224,7 +224,9 @@ class StepOrder:
 
     def collective_created(self, output) -> None:
         """A launcher created a collective (its output `output`)."""
-        if context.executing_eagerly():
+        # (A launcher may run in a thread of its own, where eager execution is on while the
+        # function is traced: the output tells.)
+        if isinstance(output, ops.EagerTensor):
             self.hold_everything()
             return
         graph = output.graph
