@@ -8,8 +8,9 @@ everything: a member's variables are then those of its last commit, or (its step
 those of the next, which it commits. The strategy's launchers register every collective they
 create in a traced function (`StepOrder.collective_created`); when TensorFlow's automatic
 control dependencies finish that function (their resolver hook, called for every op once the
-function is traced), `plan()` adds a control edge from each collective to each variable write
-of the function, wherever that cannot form a cycle. A write that cannot wait (a later
+function is traced), `plan()` picks the variable writes of the function that can wait for
+every collective without forming a cycle, and each of them waits for one op that waits for
+every collective (the run counter below: collectives + writes edges, not their product). A write that cannot wait (a later
 collective depends on it: an update inside a loop of steps, a value read back and reduced
 later in the step) leaves its variables unordered, as do writes in traced functions without
 collectives and collectives run eagerly (every variable then). The state keeps a copy-on-write
@@ -53,9 +54,8 @@ class OpNode:
 
 @dataclasses.dataclass
 class Plan:
-    """The control edges (collective or counter, write) to add, and the writes that cannot wait."""
+    """The writes that can wait for every collective of the function, and those that cannot."""
 
-    edges: list[tuple[Hashable, Hashable]]
     ordered: list[Hashable]
     unordered: list[Hashable]
 
@@ -86,9 +86,12 @@ def _automatic_edges(nodes: list[OpNode]) -> dict[Hashable, list[Hashable]]:
     return edges
 
 
-def _ancestors(start: Hashable, inputs: dict[Hashable, Iterable[Hashable]]) -> set[Hashable]:
+def _ancestors(starts: Iterable[Hashable], inputs: dict[Hashable, Iterable[Hashable]]
+               ) -> set[Hashable]:
+    """Every op that one of `starts` waits for (one walk for all of them: a step has hundreds
+    of collectives and tens of thousands of ops)."""
     seen: set[Hashable] = set()
-    stack = [start]
+    stack = list(starts)
     while stack:
         for parent in inputs.get(stack.pop(), ()):
             if parent not in seen:
@@ -99,26 +102,19 @@ def _ancestors(start: Hashable, inputs: dict[Hashable, Iterable[Hashable]]) -> s
 
 def plan(nodes: list[OpNode], collectives: Iterable[Hashable]) -> Plan:
     """Which writes of a traced function (`nodes`, in program order) can wait for all of its
-    `collectives`, and the edges that make them (each collective before each such write). A
-    write that some collective depends on (also through the automatic edges still to come)
-    cannot: waiting would be a cycle."""
-    collectives = [key for key in collectives]
+    `collectives`. A write that some collective depends on (also through the automatic edges
+    still to come) cannot: waiting would be a cycle."""
+    collectives = list(collectives)
     automatic = _automatic_edges(nodes)
     inputs = {node.key: list(node.inputs) + automatic[node.key] for node in nodes}
-    upstream: set[Hashable] = set()
-    for collective in collectives:
-        upstream |= _ancestors(collective, inputs)
+    upstream = _ancestors(collectives, inputs)
     waiting = set(collectives)
-    ordered, unordered, edges = [], [], []
+    ordered, unordered = [], []
     for node in nodes:
         if not node.writes or node.key in waiting:
             continue
-        if node.key in upstream:
-            unordered.append(node.key)
-            continue
-        ordered.append(node.key)
-        edges += [(collective, node.key) for collective in collectives]
-    return Plan(edges, ordered, unordered)
+        (unordered if node.key in upstream else ordered).append(node.key)
+    return Plan(ordered, unordered)
 
 
 def _resource_key(tensor) -> int:
@@ -268,8 +264,6 @@ class StepOrder:
                 self._add(set(), handles.written(operations))
             return
         decided = plan([_node(op) for op in operations], collectives + calls)
-        for before, after in decided.edges:
-            after._add_control_input(before)  # noqa: SLF001 - TensorFlow's own ACD way
         if decided.ordered:
             self._count_runs(graph, collectives + calls, decided.ordered)
         # A call treated as a collective is not ordered, whatever it writes.
@@ -278,7 +272,8 @@ class StepOrder:
 
     def _count_runs(self, graph, collectives: list, writes: list) -> None:
         """Adds to `graph` the count of its runs in `applied`: after its collectives, before
-        its ordered writes (which keep it from being pruned)."""
+        its ordered writes, which it orders after the collectives (and which keep it from
+        being pruned)."""
         with graph.as_default(), tf.device(f"{self._device}/device:CPU:0"):
             counter = gen_resource_variable_ops.assign_add_variable_op(
                 self._applied_in[graph], tf.constant([1.0], tf.float64))
