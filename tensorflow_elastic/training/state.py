@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Protocol
 import tensorflow as tf
 from tensorflow.python.framework import ops
 
-from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded, StateLayoutMismatch
+from tensorflow_elastic.errors import GenerationEnded, NoCommittedState, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.training import checkpoints, layouts, plain_data
@@ -59,6 +59,12 @@ class Job(Protocol):
 
     def step_order(self) -> Any:
         """The strategy's StepOrder (strategy/ordering.py), or None before there is a strategy."""
+
+    def sync_facts(self) -> dict[str, Any]:
+        """What this member tells the others with its state at every sync (plain data)."""
+
+    def take_sync_facts(self, facts: dict[int, dict[str, Any]]) -> None:
+        """Every member's sync_facts(), by node id, before any variable moves."""
 
 
 class _Furthest(NamedTuple):
@@ -201,21 +207,19 @@ class State:
         Nothing local changes here, so a sync that fails half-way leaves the last
         commit intact.
         """
-        message = {"values": self._values, "commits": self._commits}
+        job = self._bound()
+        # The job's facts (the members' replica counts) travel with the state: one exchange.
+        message = {"values": self._values, "commits": self._commits, "job": job.sync_facts()}
         if layout is not None:
             message["layout"] = layout
         if self._dirty:
             message["dirty"] = True
-        states = {node_id: _state_message(blob) for node_id, blob in
-                  self._bound().exchange("state", plain_data.encode(message)).items()}
+        messages = {node_id: plain_data.decode(blob) for node_id, blob in
+                    job.exchange("state", plain_data.encode(message)).items()}
+        states = {node_id: _state_message(message) for node_id, message in messages.items()}
+        job.take_sync_facts({node_id: message["job"] for node_id, message in messages.items()})
         commits = {node_id: count for node_id, (_, count, _, _) in states.items()}
         dirty = {node_id for node_id, (_, _, _, is_dirty) in states.items() if is_dirty}
-        if dirty == set(states):
-            raise ElasticJobFailed(
-                "every member's step failed after it had written variables its last commit "
-                "does not hold (a commit interval of several step calls, first seen here): no "
-                "member holds a committed state; train with snapshot_every=1 commits between "
-                "step calls, or restart from a backup")
         source = furthest_ahead(commits, dirty)
         digests = None if layout is None else {node_id: digest for node_id, (_, _, digest, _)
                                                in states.items()}
@@ -230,26 +234,39 @@ class State:
         self.save()
 
 
-def _state_message(blob: bytes) -> tuple[dict[str, Any], int, bytes, bool]:
-    """A member's (values, commits, layout digest or b"", dirty) from the bytes it exchanged,
+def _state_message(message: Any) -> tuple[dict[str, Any], int, bytes, bool]:
+    """A member's (values, commits, layout digest or b"", dirty) from the message it exchanged,
     checked."""
-    message = plain_data.decode(blob)
     if (not isinstance(message, dict)
-            or set(message) - {"layout", "dirty"} != {"values", "commits"}
+            or set(message) - {"layout", "dirty"} != {"values", "commits", "job"}
             or not isinstance(message["values"], dict) or type(message["commits"]) is not int
             or message["commits"] < 0 or not isinstance(message.get("layout", b""), bytes)
-            or message.get("dirty", True) is not True):
+            or not isinstance(message["job"], dict) or message.get("dirty", True) is not True):
         raise plain_data.NotPlainData("a member's exchanged state is not {values, commits, "
-                                      "layout}")
+                                      "layout} with its job's facts")
     return (message["values"], message["commits"], message.get("layout", b""),
             "dirty" in message)
 
 
 def furthest_ahead(commits: dict[int, int], dirty: Iterable[int] = ()) -> int:
     """The node whose state every member takes at a sync: the most commits, the lowest id on
-    ties; never a `dirty` one (see needing_state) while another is not."""
-    dirty = set(dirty)
-    return max(commits, key=lambda node_id: (node_id not in dirty, commits[node_id], -node_id))
+    ties, among the members that hold their commit (not `dirty`, see needing_state).
+
+    A dirty member loses only to a clean one at the same or a later commit; a newcomer (no
+    commits) is the source only when no member has committed yet. When every member at the
+    most commits is dirty, nobody holds the job's last commit: taking an older one would
+    silently redo committed steps, so the sync fails (NoCommittedState).
+    """
+    most = max(commits.values())
+    holding = [node_id for node_id, count in commits.items()
+               if count == most and node_id not in set(dirty)]
+    if not holding:
+        raise NoCommittedState(
+            f"every member at commit {most} ran steps past it and wrote variables that commit "
+            f"does not hold (several step calls between two commits); no member holds the job's "
+            f"last commit: commit after every step call (snapshot_every=1 does), or restart "
+            f"from a backup")
+    return min(holding)
 
 
 def needing_state(commits: dict[int, int], source: int, dirty: Iterable[int] = ()) -> list[int]:

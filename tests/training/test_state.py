@@ -14,7 +14,8 @@ import tensorflow as tf
 import tensorflow_elastic as tfe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
-from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded, StateLayoutMismatch
+from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, NoCommittedState,
+                                       StateLayoutMismatch)
 from tensorflow_elastic.training import layouts as layouts_lib
 from tensorflow_elastic.training import plain_data
 from tensorflow_elastic.training.state import furthest_ahead, needing_state
@@ -110,10 +111,27 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
-def test_a_dirty_member_is_never_the_source_and_always_receives():
+def test_a_dirty_member_loses_to_a_clean_one_at_its_commit_and_always_receives():
     # Node 2's step failed after it had written variables its commit does not hold.
-    assert furthest_ahead({1: 40, 2: 41, 3: 40}, dirty={2}) == 1
+    assert furthest_ahead({1: 40, 2: 40, 3: 40}, dirty={1}) == 2
+    assert furthest_ahead({1: 40, 2: 41, 3: 41}, dirty={2}) == 3
     assert needing_state({1: 40, 2: 40, 3: 40}, source=1, dirty={2}) == [2]
+
+
+def test_no_clean_member_at_the_last_commit_fails_instead_of_going_back():
+    # Node 2 alone holds commit 41's count, but not its variables: the others' commit 40 is
+    # older; taking it would redo a committed step unnoticed.
+    with pytest.raises(NoCommittedState, match="no member holds the job's last commit"):
+        furthest_ahead({1: 40, 2: 41, 3: 40}, dirty={2})
+    # Newcomers (no commits, clean) never stand in for dirty trained members.
+    with pytest.raises(NoCommittedState):
+        furthest_ahead({0: 12, 1: 12, 5: 0, 6: 0}, dirty={0, 1})
+    assert issubclass(NoCommittedState, ElasticJobFailed)
+
+
+def test_a_newcomer_is_the_source_only_before_the_first_commit():
+    assert furthest_ahead({3: 0, 5: 0}) == 3
+    assert furthest_ahead({0: 3, 5: 0, 6: 0}) == 0
 
 
 class _Order:
@@ -180,14 +198,15 @@ def test_a_member_whose_steps_ran_since_its_commit_is_dirty_and_takes_another_s_
     # Every member dirty: nobody holds a committed state.
     state._dirty = True
     others.clear()
-    with pytest.raises(ElasticJobFailed, match="no member holds a committed state"):
+    with pytest.raises(NoCommittedState, match="no member holds the job's last commit"):
         state.sync()
 
 
 def _state(values, commits, like=None, layout=None):
-    """What a member exchanges at a sync: its Python values and commits, and the digest of its
-    state layout: `layout`'s, or the one in `like` (another member's message: the same layout)."""
-    message = {"values": values, "commits": commits}
+    """What a member exchanges at a sync: its Python values and commits, its job's facts (none
+    here), and the digest of its state layout: `layout`'s, or the one in `like` (another
+    member's message: the same layout)."""
+    message = {"values": values, "commits": commits, "job": {}}
     if layout is not None:
         message["layout"] = layouts_lib.digest(layout)
     elif like is not None and "layout" in plain_data.decode(like):
@@ -222,6 +241,12 @@ class _Job:
 
     def step_order(self):
         return self.order
+
+    def sync_facts(self):
+        return {}
+
+    def take_sync_facts(self, facts):
+        pass
 
 
 def _members_ahead(state, broadcast, events_file=None, layouts=None):
@@ -282,6 +307,27 @@ def test_a_sync_with_equal_layouts_gathers_the_members_in_one_exchange():
     # The layouts' digests travel with the values: every member waits for one gather only.
     assert topics == ["state"]
     assert weights.numpy().tolist() == [5.0]
+
+
+def test_the_jobs_facts_travel_with_the_state_in_its_one_exchange():
+    state = tfe.State(step=3)
+    topics, taken = [], []
+
+    def exchange(topic, blob):
+        topics.append(topic)
+        other = plain_data.decode(_state({"step": 7}, 7))
+        other["job"] = {"replicas": 2}
+        return {0: plain_data.encode(other), 1: blob}
+
+    job = _Job(exchange)
+    job.sync_facts = lambda: {"replicas": 1}
+    job.take_sync_facts = taken.append
+    state.bind(job)
+    state.sync()
+    # The members' replica counts size the generation's collectives: one gather for both.
+    assert topics == ["state"]
+    assert taken == [{0: {"replicas": 2}, 1: {"replicas": 1}}]
+    assert state.step == 7
 
 
 def test_sync_takes_the_values_and_variables_of_the_member_ahead():
