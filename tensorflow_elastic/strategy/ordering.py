@@ -34,6 +34,9 @@ from tensorflow.python.framework import auto_control_deps, auto_control_deps_uti
 from tensorflow.python.ops import gen_resource_variable_ops
 
 from tensorflow_elastic.ops.variable_snapshot import Float64Reader
+from tensorflow_elastic.tf_internals import require
+
+require(ops.Operation, "_add_control_inputs", "_add_control_input")
 
 # Ops that run functions of their own: a function of a step that has collectives inside runs
 # them through one of these.
