@@ -112,6 +112,9 @@ class State:
         # Whether the last restore left variables that a failed step may have written (see
         # TensorFlowState.restore): this member then takes the state of one that did not.
         object.__setattr__(self, "_dirty", False)
+        # Whether this node came to join a running job and holds none of its state yet (no
+        # commit of its own, none synced): it is never a sync's source (see furthest_ahead).
+        object.__setattr__(self, "_joining", False)
 
     def bind(self, job: Job) -> None:
         """Makes this state part of `job` (tensorflow_elastic.run does it)."""
@@ -195,6 +198,7 @@ class State:
 
     def prepare_to_join(self) -> None:
         """Builds, before a node joins, what its first sync runs (the members wait for that)."""
+        object.__setattr__(self, "_joining", self._commits == 0)
 
     def _gather_furthest_ahead(self, layout: bytes | None = None) -> _Furthest:
         """The id, Python values and commits of the member with the most commits (and with
@@ -214,16 +218,19 @@ class State:
             message["layout"] = layout
         if self._dirty:
             message["dirty"] = True
+        if self._joining:
+            message["joining"] = True
         messages = {node_id: plain_data.decode(blob) for node_id, blob in
                     job.exchange("state", plain_data.encode(message)).items()}
         states = {node_id: _state_message(message) for node_id, message in messages.items()}
         job.take_sync_facts({node_id: message["job"] for node_id, message in messages.items()})
-        commits = {node_id: count for node_id, (_, count, _, _) in states.items()}
-        dirty = {node_id for node_id, (_, _, _, is_dirty) in states.items() if is_dirty}
-        source = furthest_ahead(commits, dirty)
-        digests = None if layout is None else {node_id: digest for node_id, (_, _, digest, _)
-                                               in states.items()}
-        return _Furthest(source, *states[source][:2],
+        commits = {node_id: told.commits for node_id, told in states.items()}
+        dirty = {node_id for node_id, told in states.items() if told.dirty}
+        joining = {node_id for node_id, told in states.items() if told.joining}
+        source = furthest_ahead(commits, dirty, joining)
+        digests = None if layout is None else {node_id: told.layout
+                                               for node_id, told in states.items()}
+        return _Furthest(source, states[source].values, states[source].commits,
                          receivers=needing_state(commits, source, dirty), layouts=digests)
 
     def _adopt(self, furthest: _Furthest) -> None:
@@ -231,35 +238,56 @@ class State:
         # The commit count is the job's global step count.
         self._commits = furthest.commits
         self._dirty = False
+        self._joining = False
         self.save()
 
 
-def _state_message(message: Any) -> tuple[dict[str, Any], int, bytes, bool]:
-    """A member's (values, commits, layout digest or b"", dirty) from the message it exchanged,
-    checked."""
+class _Told(NamedTuple):
+    """What a member told at a sync (see _gather_furthest_ahead)."""
+
+    values: dict[str, Any]
+    commits: int
+    layout: bytes  # its layout digest, or b""
+    dirty: bool
+    joining: bool
+
+
+def _state_message(message: Any) -> _Told:
+    """A member's state from the message it exchanged, checked."""
     if (not isinstance(message, dict)
-            or set(message) - {"layout", "dirty"} != {"values", "commits", "job"}
+            or set(message) - {"layout", "dirty", "joining"} != {"values", "commits", "job"}
             or not isinstance(message["values"], dict) or type(message["commits"]) is not int
             or message["commits"] < 0 or not isinstance(message.get("layout", b""), bytes)
-            or not isinstance(message["job"], dict) or message.get("dirty", True) is not True):
+            or not isinstance(message["job"], dict) or message.get("dirty", True) is not True
+            or message.get("joining", True) is not True):
         raise plain_data.NotPlainData("a member's exchanged state is not {values, commits, "
                                       "layout} with its job's facts")
-    return (message["values"], message["commits"], message.get("layout", b""),
-            "dirty" in message)
+    return _Told(message["values"], message["commits"], message.get("layout", b""),
+                 "dirty" in message, "joining" in message)
 
 
-def furthest_ahead(commits: dict[int, int], dirty: Iterable[int] = ()) -> int:
+def furthest_ahead(commits: dict[int, int], dirty: Iterable[int] = (),
+                   joining: Iterable[int] = ()) -> int:
     """The node whose state every member takes at a sync: the most commits, the lowest id on
     ties, among the members that hold their commit (not `dirty`, see needing_state).
 
-    A dirty member loses only to a clean one at the same or a later commit; a newcomer (no
-    commits) is the source only when no member has committed yet. When every member at the
-    most commits is dirty, nobody holds the job's last commit: taking an older one would
-    silently redo committed steps, so the sync fails (NoCommittedState).
+    A dirty member loses only to a clean one at the same or a later commit. A node `joining`
+    a running job with no state of its own (its first sync) never is the source: when every
+    member is one, the members that held the job's state finished or were lost, and starting
+    the job afresh from a newcomer's values would be a silent restart. When every member at
+    the most commits is dirty, nobody holds the job's last commit: taking an older one would
+    silently redo committed steps. Both end the job (NoCommittedState).
     """
-    most = max(commits.values())
-    holding = [node_id for node_id, count in commits.items()
-               if count == most and node_id not in set(dirty)]
+    joining, dirty = set(joining), set(dirty)
+    trained = {node_id: count for node_id, count in commits.items() if node_id not in joining}
+    if not trained:
+        raise NoCommittedState(
+            f"every member ({sorted(commits)}) came to join the running job and none holds its "
+            f"state: the members that held it finished or were lost; no member holds the job's "
+            f"last commit")
+    most = max(trained.values())
+    holding = [node_id for node_id, count in trained.items()
+               if count == most and node_id not in dirty]
     if not holding:
         raise NoCommittedState(
             f"every member at commit {most} ran steps past it and wrote variables that commit "
@@ -444,6 +472,7 @@ class TensorFlowState(State):
             self.save()
 
     def prepare_to_join(self) -> None:
+        super().prepare_to_join()
         variables = self._all_variables()
         if variables:
             self._bound().prepare_to_receive(variables)

@@ -134,6 +134,30 @@ def test_a_newcomer_is_the_source_only_before_the_first_commit():
     assert furthest_ahead({0: 3, 5: 0, 6: 0}) == 0
 
 
+def test_a_node_joining_a_running_job_is_never_the_source():
+    # Before the first commit too: the trained member's values are the job's.
+    assert furthest_ahead({4: 0, 1: 0}, joining={1}) == 4
+    # The members that held the job's state finished or were lost: the newcomers must not
+    # start the job afresh from one of theirs.
+    with pytest.raises(NoCommittedState, match="came to join the running job"):
+        furthest_ahead({3: 0, 5: 0, 6: 0}, joining={3, 5, 6})
+
+
+def test_a_newcomer_tells_it_is_joining_until_its_first_sync():
+    seen = []
+
+    def exchange(topic, blob):
+        seen.append(plain_data.decode(blob).get("joining"))
+        return {1: blob, 0: _state({"step": 0}, 4, like=blob)}
+
+    state = tfe.State(step=0)
+    state.bind(_Job(exchange))
+    state.prepare_to_join()
+    state.sync()
+    state.sync()
+    assert seen == [True, None] and state.commits == 4
+
+
 class _Order:
     """A stand-in for the strategy's StepOrder: the variables with handles in `ordered` are
     ordered; `runs` counts the steps applied."""
