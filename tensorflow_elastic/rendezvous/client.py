@@ -159,11 +159,15 @@ class Client:
     # ------------------------------------------------------------------ calls
 
     def join(self, address: str | None = None, min_nodes: int | None = None,
-             max_nodes: int | None = None, timeout: float = 600.0) -> Membership:
+             max_nodes: int | None = None, timeout: float = 600.0, *,
+             with_members: bool = True) -> Membership:
         """Blocks until this node is a member of a generation; returns it.
 
         The first call needs the node's address and the run's node bounds; a
         later call re-joins with the same ones and gets the next generation.
+        ``with_members=False``: the membership comes without its member map (empty
+        ``members``), for a node whose process reads the map from another of its nodes (an
+        agent's workers): a formation of N nodes then sends the map once per process.
         """
         if address is not None:
             if min_nodes is None or max_nodes is None:
@@ -183,6 +187,7 @@ class Client:
             if self.node_id is not None:
                 req.node_id = self.node_id
             _name_map(req, named[0])
+            req.omit_members = not with_members
             return req
 
         # A join again after a bad delta, naming no map, gets the whole one: the node is a
@@ -191,8 +196,10 @@ class Client:
             named[0] = held
             response = self._call(lambda stub: stub.Join, request, deadline)
             try:
-                membership, self._held = read_membership(
+                membership, now_held = read_membership(
                     response.node_id, response.membership, held, response.taken_back_after)
+                if with_members or response.membership.members or response.membership.delta:
+                    self._held = now_held  # (an orchestrator may send the map all the same)
                 break
             except DeltaMismatch as e:
                 logger.warning("the member map of a join reply did not check out (%s); "

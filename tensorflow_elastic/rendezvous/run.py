@@ -29,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import partition, refusals
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
-from tensorflow_elastic.rendezvous.liveness import Liveness, LoopClock, WatchLoss
+from tensorflow_elastic.rendezvous.liveness import REPLY_HOLD_MAX_S, Liveness, LoopClock, WatchLoss
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
 from tensorflow_elastic.rendezvous.settings import RunSettings
@@ -98,6 +98,8 @@ class Run:
         self._last_call_at: float | None = None
         # Bumped by every commit.
         self._version = 0
+        # The state's member map, its copy that memberships share, and the chief.
+        self._shared_members: tuple[dict[int, str], dict[int, str], int] | None = None
         # What watchers see: the update of the last durable save, and a count of them.
         self._published = self.update()
         self._published_version = 0
@@ -159,8 +161,15 @@ class Run:
         return self._state.generation
 
     def membership(self, node_id: int | None = None) -> Membership:
-        members = dict(self._state.members)
-        return Membership(node_id, self._state.generation, members, min(members, default=-1))
+        """The current membership. Its member map is one copy per map of the state (which
+        replaces its map, never changes it in place), shared by every membership taken from
+        it: the N joins a formation releases would otherwise copy N maps of N members."""
+        state = self._state
+        shared = self._shared_members
+        if shared is None or shared[0] is not state.members:
+            members = dict(state.members)
+            shared = self._shared_members = (state.members, members, min(members, default=-1))
+        return Membership(node_id, state.generation, shared[1], shared[2])
 
     def update(self) -> MembershipUpdate:
         return MembershipUpdate(self.membership(), self._state.phase, self._state.admissible(),
@@ -452,11 +461,33 @@ class Run:
                         refusals.join_timeout_message(state, node, timeout))
                 await _wait(self._join_wake, remaining)
         finally:
-            self._liveness.release(node.node_id, self._clock.now())
-            if node.node_id not in state.nodes:
-                self._liveness.forget(node.node_id)
+            self._stop_holding(node.node_id)
         self._ack(node.node_id)
         return self.membership(node.node_id)
+
+    def hold_while_answering(self, node_id: int) -> Callable[[], None]:
+        """Counts the node alive until the returned function is called (at the latest after
+        REPLY_HOLD_MAX_S): its join reply is on its way, and a node learns its id, so can
+        beat, only from that reply. Called as soon as its join returned, the node's silence
+        starts when its reply has been sent, not when the thousands of replies of a formation
+        were queued together."""
+        self._liveness.hold(node_id)
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                cap.cancel()
+                self._stop_holding(node_id)
+
+        cap = asyncio.get_running_loop().call_later(REPLY_HOLD_MAX_S, release)
+        return release
+
+    def _stop_holding(self, node_id: int) -> None:
+        self._liveness.release(node_id, self._clock.now())
+        if node_id not in self._state.nodes:
+            self._liveness.forget(node_id)
 
     # -------------------------------------------------------------- transitions
 
