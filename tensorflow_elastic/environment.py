@@ -34,6 +34,8 @@ STEP_EVENTS_EVERY = "TFE_STEP_EVENTS_EVERY"
 PROGRESS_TIMEOUT = "TFE_PROGRESS_TIMEOUT"   # seconds without a commit before the watchdog acts
 BARRIER_TIMEOUT = "TFE_BARRIER_TIMEOUT"     # seconds members wait for each other at a barrier
 HEARTBEAT_INTERVAL = "TFE_HEARTBEAT_INTERVAL"  # seconds between two heartbeats of a node
+# Seconds a step may wait inside TensorFlow without a commit before the worker probes its peers.
+PEER_CHECK_AFTER = "TFE_PEER_CHECK_AFTER"
 # Seconds a worker keeps calling an orchestrator that does not answer (restarting, failing
 # over to another replica) before a re-form gives up; a finished training returns anyway.
 ORCHESTRATOR_WAIT = "TFE_ORCHESTRATOR_WAIT"

@@ -130,4 +130,18 @@ class WorkerProcess:
                 sink.flush()
         stream.close()
         if self._on_exit is not None:
-            self._on_exit()  # its output closes when it exits: no need to wait for the next poll
+            # Its output closes when it exits: no need to wait for the next poll. The kernel
+            # closes a killed process's files a moment (about 1 ms) before the process can be
+            # reaped; a poll woken in between would see it running and miss the exit until the
+            # next monitor interval.
+            self._wait_until_reapable()
+            self._on_exit()
+
+    def _wait_until_reapable(self) -> None:
+        """Blocks until the process has exited, without reaping it (the owner's poll does)."""
+        if self.proc.returncode is not None:
+            return  # reaped already
+        try:
+            os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            pass  # already reaped

@@ -53,6 +53,7 @@ DEFAULT_BARRIER_TIMEOUT_S = 30.0
 DEFAULT_PROGRESS_TIMEOUT_S = 300.0
 # A step inside TensorFlow with no commit for this long probes the peers (see ProgressWatchdog):
 # a peer that does not answer while the orchestrator reaches it is a partition, reported at once.
+# The default of $TFE_PEER_CHECK_AFTER: longer than any healthy step of the tests and benchmarks.
 PEER_CHECK_AFTER_S = 5.0
 PEER_PROBE_TIMEOUT_S = 1.0
 # How often a removed node whose address is blocked asks again to come back.
@@ -116,7 +117,8 @@ class MembershipSession:
         self.watchdog = ProgressWatchdog(progress_timeout, self._step_aside, self._on_stalled,
                                          paused=lambda: self.phase in WAITING_ON_THE_ORCHESTRATOR,
                                          on_slow=self._check_peers,
-                                         slow_after=PEER_CHECK_AFTER_S)
+                                         slow_after=environment.duration(
+                                             environment.PEER_CHECK_AFTER, PEER_CHECK_AFTER_S))
 
     # ------------------------------------------------------------------- views
 

@@ -3,8 +3,11 @@
 import io
 import json
 import os
+import signal
 import socket
 import sys
+import threading
+import time
 
 import pytest
 
@@ -206,6 +209,32 @@ def test_a_worker_s_whole_output_goes_to_its_log_file_and_the_console_gets_the_r
     assert log_file.read_text().splitlines() == _RECOVERY_OUTPUT[:6]
     assert console.getvalue() == "[node 1] step 100 loss 0.0322 world 3\n"
     assert worker.tail() == ["step 100 loss 0.0322 world 3"]
+
+
+def test_a_killed_worker_can_be_reaped_when_its_exit_wakes_the_agent():
+    """The kernel closes a killed process's output a moment before the process can be reaped: a
+    poll at the wake-up must see the exit, or the agent learns it a monitor interval later."""
+    script = ("import threading, time\nblock = bytearray(200 << 20)\n"
+              "for _ in range(40): threading.Thread(target=time.sleep, args=(60,), daemon=True)"
+              ".start()\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    for _ in range(5):
+        ready, polled = threading.Event(), []
+        console = io.StringIO()
+        worker = WorkerProcess([sys.executable, "-c", script], dict(os.environ), "",
+                               lambda: "node 1", stdout=console, stderr=console,
+                               on_exit=lambda: polled.append(_reapable(worker.pid)))
+        while "ready" not in console.getvalue():
+            ready.wait(0.01)
+        os.kill(worker.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while len(polled) < 2 and time.monotonic() < deadline:  # stdout's and stderr's
+            ready.wait(0.01)
+        assert polled == [True, True], polled
+        assert worker.wait_output(timeout=30) == -signal.SIGKILL
+
+
+def _reapable(pid: int) -> bool:
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
 
 
 def test_the_ps_roles_pass_the_token_and_the_tls_trust_to_their_processes():

@@ -11,7 +11,7 @@ from tensorflow_elastic.rendezvous.errors import (NODE_REMOVED_MAY_RETURN,
                                                   GenerationChangedError, NodeRemovedError,
                                                   RendezvousError)
 from tensorflow_elastic.membership.phase import WorkerPhase
-from tensorflow_elastic.membership.session import MembershipSession
+from tensorflow_elastic.membership.session import PEER_CHECK_AFTER_S, MembershipSession
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import HeartbeatInfo, NodeBounds, Phase
 
@@ -291,3 +291,15 @@ def test_a_node_tells_its_agent_its_id_and_each_generation(tmp_path):
         finally:
             session.close()
             session.client.close()
+
+
+def test_the_peer_check_waits_as_long_as_the_environment_says(monkeypatch):
+    def session():
+        return MembershipSession(_UnusedClient(), "127.0.0.1:1", NodeBounds(2, 4))
+
+    assert session().watchdog.slow_after == PEER_CHECK_AFTER_S
+    monkeypatch.setenv("TFE_PEER_CHECK_AFTER", "12.5")
+    assert session().watchdog.slow_after == 12.5
+    monkeypatch.setenv("TFE_PEER_CHECK_AFTER", "0")
+    with pytest.raises(ValueError, match="TFE_PEER_CHECK_AFTER"):
+        session()
