@@ -8,7 +8,9 @@ are deltas) and heartbeats. Measured:
 * rendezvous_s: from the last join sent to every node released with the
   generation (max_nodes = N, so the last call never applies);
 * heartbeat_p50_ms / heartbeat_p99_ms: heartbeat round trips over a steady
-  window (client side, so client scheduling delay counts against us);
+  window (client side, so client scheduling delay counts against us), at
+  heartbeat_interval_s, the interval the nodes beat at (the longer of
+  --heartbeat_interval and the one the join replies asked for);
 * beat_sent_late_p99_ms / beat_sent_late_max_ms: how late the clients sent their beats in
   that window (past each beat's due time), and whole_run_worst_s per client process: the
   latest beat and the slowest reply of the whole run, start-up included; with clients_cpu
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing as mp
 import os
@@ -111,6 +114,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                     timeout=610)
                 maps[r.node_id] = pb.KnownMap(generation=r.membership.generation,
                                               digest=r.membership.digest)
+                # As Client: the orchestrator of a large run asks for slower beats.
+                beat_every["s"] = max(interval, r.heartbeat_interval_s)
                 return r.node_id, sent, time.time()
             except grpc.aio.AioRpcError as e:
                 if e.code() not in shed:
@@ -149,6 +154,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     # orchestrator sends what changed (clients of an orchestrator without deltas ignore it).
     maps: dict[int, pb.KnownMap] = {}
     watch_pace = {"next": 0.0}  # when the next watch of this process may open (loop time)
+    beat_every = {"s": interval}  # the heartbeat interval, as the join replies ask for it
     measuring = {"on": False}
     early = {"reform": False}
     latencies: list[float] = []
@@ -172,7 +178,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             early["reform"] = True
 
     async def unary(node_id: int, k: int, count: int) -> None:
-        await asyncio.sleep(interval * k / count)
+        await asyncio.sleep(beat_every["s"] * k / count)
         next_at = loop.time()
         while node_id not in killed:
             if measuring["on"]:
@@ -190,48 +196,61 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 note_reply(node_id, reply)
                 if measuring["on"]:
                     latencies.append((time.perf_counter() - t0) * 1000)
-            next_at += interval
+            next_at += beat_every["s"]
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
     async def stream(group: list[int], k: int, count: int) -> None:
-        """One KeepAlive stream beating for ``group`` (like a launcher's agent)."""
-        await asyncio.sleep(interval * k / count)
+        """One KeepAlive stream beating for ``group`` (like a launcher's agent). As Client's
+        stream, a message goes out every interval whether or not the last one was answered,
+        and a stream that answered nothing for ``reply_timeout`` is opened again."""
+        await asyncio.sleep(beat_every["s"] * k / count)
         while True:
             call = beat_stub.KeepAlive()
+            sent_at: collections.deque[float] = collections.deque()
+            reader = loop.create_task(answers(call, sent_at))
             next_at = loop.time()
             try:
-                while True:
+                while not reader.done():
                     beats = [pb.HeartbeatRequest(run_id=RUN_ID, node_id=n, generation=1)
                              for n in group if n not in killed and n not in refused]
                     if not beats:
                         await call.done_writing()
                         return
+                    if sent_at and time.perf_counter() - sent_at[0] > reply_timeout:
+                        raise asyncio.TimeoutError
                     late = loop.time() - next_at
                     worst["late"] = max(worst["late"], late)
                     if measuring["on"]:
                         lateness.append(late * 1000)
-                    t0 = time.perf_counter()
+                    sent_at.append(time.perf_counter())
                     await call.write(pb.KeepAliveRequest(beats=beats))
-                    # As Client's stream: a reply that does not come in time reopens the stream.
-                    response = await asyncio.wait_for(call.read(), reply_timeout)
-                    if response is grpc.aio.EOF:
-                        break
-                    for answer in response.answers:
-                        if answer.HasField("info"):
-                            note_reply(answer.node_id, answer.info)
-                        else:
-                            refused[answer.node_id] = answer.message
-                    worst["reply"] = max(worst["reply"], time.perf_counter() - t0)
-                    if measuring["on"]:
-                        latencies.append((time.perf_counter() - t0) * 1000)
-                    next_at += interval
+                    next_at += beat_every["s"]
                     await asyncio.sleep(max(0.0, next_at - loop.time()))
+                reader.result()  # the stream ended: its error, if any
             except grpc.aio.AioRpcError as e:
                 beat_errors.append(f"beat {e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
             except asyncio.TimeoutError:
                 beat_errors.append(f"beat: no reply within {reply_timeout:g} s")
                 call.cancel()
+            finally:
+                reader.cancel()
+
+    async def answers(call, sent_at: collections.deque[float]) -> None:
+        """Reads a KeepAlive stream's replies, each to the oldest message not yet answered."""
+        while True:
+            response = await call.read()
+            if response is grpc.aio.EOF:
+                return
+            round_trip = time.perf_counter() - sent_at.popleft()
+            for answer in response.answers:
+                if answer.HasField("info"):
+                    note_reply(answer.node_id, answer.info)
+                else:
+                    refused[answer.node_id] = answer.message
+            worst["reply"] = max(worst["reply"], round_trip)
+            if measuring["on"]:
+                latencies.append(round_trip * 1000)
 
     async def watch(node_id: int) -> None:
         # Like Client.watch: a broken stream is opened again (it restarts with the current state).
@@ -307,7 +326,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             measuring["on"] = False
             conn.send((latencies, early["reform"], list(watch_errors) + beat_errors,
                        time.process_time() - cpu_at, len(join_retries), lateness,
-                       sorted(refused.items())[:5], dict(worst), len(refused)))
+                       sorted(refused.items())[:5], dict(worst), len(refused), beat_every["s"]))
         elif cmd == "kill":
             await kill(ids[:1])
         elif cmd == "wait_reform":
@@ -366,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=0,
                         help="client processes (default: 1 per 250 nodes, at most 4)")
     parser.add_argument("--heartbeat_interval", type=float, default=HEARTBEAT_INTERVAL_S,
-                        help="seconds between two heartbeats of a node (default: %(default)s)")
+                        help="seconds between two heartbeats of a node; the orchestrator of a "
+                             "large run asks for a longer one in its join replies, and the nodes "
+                             "then beat at that one, as Client does (default: %(default)s)")
     parser.add_argument("--heartbeat_timeout", type=float,
                         default=RunSettings.heartbeat_timeout,
                         help="the orchestrator's --heartbeat_timeout (default: %(default)s)")
@@ -553,7 +574,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
               "join_retries": join_retries,
               "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
               "heartbeat_p99_ms": round(percentile(latencies, 99), 3),
-              "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
+              "heartbeat_interval_s": max(r[9] for r in replies), "orchestrator_cpu": cpu,
               "clients_cpu": clients_cpu,
               "beat_sent_late_p99_ms": round(percentile(lateness, 99), 3),
               "beat_sent_late_max_ms": round(max(lateness), 3),

@@ -134,6 +134,8 @@ class Client:
         self._heartbeats: _Heartbeats | None = None
         # The last member map a join or watch got: the next ones may get a delta against it.
         self._held: HeldMap | None = None
+        # The shortest heartbeat interval the orchestrator asked for in the last join reply.
+        self.beat_interval_floor = 0.0
         self._closed = False
 
     def close(self) -> None:
@@ -209,6 +211,7 @@ class Client:
                                   "that named no map")
         self.node_id = response.node_id
         self.generation = response.membership.generation
+        self.beat_interval_floor = response.heartbeat_interval_s
         return membership
 
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
@@ -318,7 +321,9 @@ class Client:
                          on_stop: Callable[[Exception], None] | None = None) -> None:
         """Heartbeats every ``interval`` seconds until :meth:`stop_heartbeats`, on the heartbeat
         stream this process keeps to the orchestrator (see keepalive.py), or with unary calls in
-        a daemon thread where the orchestrator has no such stream.
+        a daemon thread where the orchestrator has no such stream. A large run's orchestrator
+        asks for a longer interval in its join replies (:attr:`beat_interval_floor`): then
+        that one.
 
         ``on_reply`` sees every reply. :attr:`heartbeat_error` holds the error
         of the last heartbeat (None after a success); transient ones
@@ -326,7 +331,8 @@ class Client:
         (node removed, run failed, a bug) end the thread, and ``on_stop`` hears why.
         """
         self.stop_heartbeats()
-        self._heartbeats = _Heartbeats(self, interval, on_reply, on_stop)
+        self._heartbeats = _Heartbeats(self, max(interval, self.beat_interval_floor), on_reply,
+                                       on_stop)
 
     def stop_heartbeats(self) -> None:
         if self._heartbeats is not None:

@@ -35,10 +35,11 @@ from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import partition, refusals
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
-from tensorflow_elastic.rendezvous.liveness import REPLY_HOLD_MAX_S, Liveness, LoopClock, WatchLoss
+from tensorflow_elastic.rendezvous.liveness import (
+    FIRST_BEAT_MAX_S, REPLY_HOLD_MAX_S, Liveness, LoopClock, WatchLoss)
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
-from tensorflow_elastic.rendezvous.settings import RunSettings
+from tensorflow_elastic.rendezvous.settings import RunSettings, beat_interval_floor
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore, Snapshot
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
@@ -83,6 +84,8 @@ class Run:
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
+        # Newcomers whose join reply went out, until their first beat: what ends their hold.
+        self._first_beats: dict[int, Callable[[], None]] = {}
         now = clock.now()
         for node_id in state.nodes:
             self._liveness.touch(node_id, now)
@@ -250,6 +253,10 @@ class Run:
     def heartbeat(self, node_id: int, generation: int) -> HeartbeatInfo:
         state = self._state
         refusals.check_heartbeat(state, node_id, generation)
+        if self._first_beats:
+            first = self._first_beats.pop(node_id, None)
+            if first is not None:
+                first()
         self._liveness.touch(node_id, self._clock.now())
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
@@ -465,13 +472,20 @@ class Run:
         self._ack(node.node_id)
         return self.membership(node.node_id)
 
-    def hold_while_answering(self, node_id: int) -> Callable[[], None]:
+    def beat_interval_floor(self) -> float:
+        """The shortest heartbeat interval this run asks of a node joining now."""
+        return beat_interval_floor(len(self._state.nodes), self._settings.heartbeat_timeout)
+
+    def hold_while_answering(self, node_id: int, newcomer: bool) -> Callable[[], None]:
         """Counts the node alive until the returned function is called (at the latest after
         REPLY_HOLD_MAX_S): its join reply is on its way, and a node learns its id, so can
         beat, only from that reply. Called as soon as its join returned, the node's silence
         starts when its reply has been sent, not when the thousands of replies of a formation
-        were queued together."""
+        were queued together. A ``newcomer`` (whose beats start with this reply) stays held
+        until its first beat, at most FIRST_BEAT_MAX_S longer: the beat streams of a large
+        formation open together, and their first beats are read seconds later."""
         self._liveness.hold(node_id)
+        loop = asyncio.get_running_loop()
         held = True
 
         def release() -> None:
@@ -479,10 +493,21 @@ class Run:
             if held:
                 held = False
                 cap.cancel()
+                if self._first_beats.get(node_id) is release:
+                    del self._first_beats[node_id]
                 self._stop_holding(node_id)
 
-        cap = asyncio.get_running_loop().call_later(REPLY_HOLD_MAX_S, release)
-        return release
+        def reply_sent() -> None:
+            nonlocal cap
+            if not held or not newcomer or node_id not in self._state.nodes:
+                release()
+                return
+            cap.cancel()
+            cap = loop.call_later(FIRST_BEAT_MAX_S, release)
+            self._first_beats[node_id] = release
+
+        cap = loop.call_later(REPLY_HOLD_MAX_S, release)
+        return reply_sent
 
     def _stop_holding(self, node_id: int) -> None:
         self._liveness.release(node_id, self._clock.now())

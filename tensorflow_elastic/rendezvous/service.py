@@ -262,11 +262,13 @@ class RendezvousService:
         node_id = request.node_id if request.HasField("node_id") else None
         membership = await run.join(request.address, node_id, request.last_generation,
                                     request.nonce, request.timeout_s)
-        release = run.hold_while_answering(membership.node_id)
-        context.add_done_callback(lambda _: release())
+        reply_sent = run.hold_while_answering(membership.node_id, newcomer=node_id is None)
+        context.add_done_callback(lambda _: reply_sent())
         # run.join returned the run's current membership, which is what _join_tail encodes.
         return (pb.JoinResponse(node_id=membership.node_id,
-                                taken_back_after=membership.taken_back_after).SerializeToString()
+                                taken_back_after=membership.taken_back_after,
+                                heartbeat_interval_s=run.beat_interval_floor()
+                                ).SerializeToString()
                 + self._join_tail(run, request))
 
     @_rpc

@@ -1,5 +1,6 @@
 """Join replies at a large formation: the member map once per process (joins that ask for the
-map's name alone), and silences counted from when a node's reply has been sent."""
+map's name alone), silences counted from a newcomer's first beat after its reply was sent,
+and the slower beats a large run asks for."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import Client, member_deltas
 from tensorflow_elastic.rendezvous import run as run_module
+from tensorflow_elastic.rendezvous import settings as settings_module
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.service import RendezvousService
@@ -95,10 +97,10 @@ class _Context:
         self.done.append(callback)
 
 
-def test_a_newcomers_silence_starts_when_its_join_reply_has_been_sent():
+def test_a_newcomers_silence_starts_at_its_first_beat_after_its_reply_was_sent():
     settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
 
-    async def scenario() -> tuple[list[int], list[int], list[int]]:
+    async def scenario() -> tuple[list[int], list[int], list[int], list[int]]:
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
         contexts = [_Context(), _Context()]
@@ -108,19 +110,60 @@ def test_a_newcomers_silence_starts_when_its_join_reply_has_been_sent():
         run = service._run("job")  # noqa: SLF001
         await asyncio.sleep(1.0)  # both replies still on their way: nobody is silent
         members_while_sending = sorted(run.membership().members)
-        for callback in contexts[0].done:  # the first reply went out; the second never does
-            callback(contexts[0])
+        for context in contexts:  # both replies went out; neither node has beaten yet
+            for callback in context.done:
+                callback(context)
+        await asyncio.sleep(1.0)
+        before_first_beats = sorted(run.membership().members)
+        run.heartbeat(1, 1)  # node 1's first beat; node 0 beats later still
         await asyncio.sleep(0.2)
+        run.heartbeat(0, 1)
         before_timeout = sorted(run.membership().members)
-        await asyncio.sleep(0.8)
+        await asyncio.sleep(0.6)
         after = sorted(run.membership().members)
         await service.close()
-        return members_while_sending, before_timeout, after
+        return members_while_sending, before_first_beats, before_timeout, after
 
-    while_sending, before_timeout, after = asyncio.run(scenario())
-    assert while_sending == [0, 1] and before_timeout == [0, 1]
-    # Node 0 sent nothing after its reply went out: removed (the run fell below min_nodes).
+    while_sending, before_first_beats, before_timeout, after = asyncio.run(scenario())
+    assert while_sending == [0, 1] and before_first_beats == [0, 1]
+    assert before_timeout == [0, 1]
+    # Both went silent after their first beat: removed (the run fell below min_nodes).
     assert after == []
+
+
+def test_a_newcomer_that_never_beats_after_its_reply_is_removed_after_a_bounded_time(
+        monkeypatch):
+    monkeypatch.setattr(run_module, "FIRST_BEAT_MAX_S", 0.3)
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        context = _Context()
+        await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23250", min_nodes=1,
+                                          max_nodes=1, nonce="n", timeout_s=10), context)
+        for callback in context.done:
+            callback(context)
+        run = service._run("job")  # noqa: SLF001
+        await asyncio.sleep(0.4)  # past the heartbeat timeout, within the first-beat bound
+        members = sorted(run.membership().members)
+        await asyncio.sleep(0.6)  # past both
+        after = sorted(run.membership().members)
+        await service.close()
+        return members, after
+
+    assert asyncio.run(scenario()) == ([0], [])
+
+
+def test_a_join_reply_asks_a_large_run_for_slower_beats():
+    assert settings_module.beat_interval_floor(1000, 1.5) == 0.25
+    assert settings_module.beat_interval_floor(100, 1.5) < 0.25
+    # Never more than a third of the timeout: a silent host is still found within it.
+    assert settings_module.beat_interval_floor(10_000, 1.5) == 0.5
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=0.3)) as server:
+        with Client(f"127.0.0.1:{server.port}", "job") as client:
+            client.join("127.0.0.1:23260", 1, 1, timeout=20)
+            assert client.beat_interval_floor == settings_module.beat_interval_floor(1, 0.3)
 
 
 def test_a_reply_that_never_goes_out_keeps_its_node_alive_for_a_bounded_time(monkeypatch):
