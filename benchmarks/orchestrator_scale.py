@@ -8,7 +8,9 @@ are deltas) and heartbeats. Measured:
 * rendezvous_s: from the last join sent to every node released with the
   generation (max_nodes = N, so the last call never applies);
 * heartbeat_p50_ms / heartbeat_p99_ms: heartbeat round trips over a steady
-  window (client side, so client scheduling delay counts against us);
+  window (client side, so client scheduling delay counts against us), at
+  heartbeat_interval_s, the interval the nodes beat at (the longer of
+  --heartbeat_interval and the one the join replies asked for);
 * beat_sent_late_p99_ms / beat_sent_late_max_ms: how late the clients sent their beats in
   that window (past each beat's due time), and whole_run_worst_s per client process: the
   latest beat and the slowest reply of the whole run, start-up included; with clients_cpu
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import multiprocessing as mp
 import os
@@ -61,7 +64,8 @@ WATCHES_OPENED_PER_S = 500
 
 
 async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int, watches: str, processes: int) -> None:
+                    liveness: str, per_stream: int, watches: str, processes: int,
+                    map_per_launcher: bool) -> None:
     """One client process: its nodes, driven by commands from the parent over ``conn``.
 
     ``watches`` "node": every node holds a Watch stream (as elastic workers do); "launcher":
@@ -95,17 +99,23 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         endpoint, options=[*options, ("grpc.use_local_subchannel_pool", 1)])
     beat_stub = pb_grpc.RendezvousStub(beat_channel)
 
-    async def join(i: int):
-        """A new node; retried with its nonce while the orchestrator sheds it, as Client does."""
+    async def join(i: int, omit_members: bool = False):
+        """A new node; retried with its nonce while the orchestrator sheds it, as Client does.
+        It names the latest map this process holds (its reply is then a delta), or with
+        ``omit_members`` asks for the map's name alone (another node of its launcher fetches
+        the map)."""
         sent = time.time()
         while True:
             try:
                 r = await stub.Join(pb.JoinRequest(
                     run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
                     min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}",
-                    timeout_s=600), timeout=610)
+                    timeout_s=600, known_map=latest_map(), omit_members=omit_members),
+                    timeout=610)
                 maps[r.node_id] = pb.KnownMap(generation=r.membership.generation,
                                               digest=r.membership.digest)
+                # As Client: the orchestrator of a large run asks for slower beats.
+                beat_every["s"] = max(interval, r.heartbeat_interval_s)
                 return r.node_id, sent, time.time()
             except grpc.aio.AioRpcError as e:
                 if e.code() not in shed:
@@ -113,15 +123,38 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 join_retries.append(e.code().name)
                 await asyncio.sleep(random.uniform(0.0, 0.5))
 
+    def latest_map() -> pb.KnownMap | None:
+        return max(maps.values(), key=lambda m: m.generation, default=None)
+
+    async def join_launcher(group: list[int]):
+        """The nodes of one launcher join together, as an agent's workers: the first one gets
+        the whole map, the others its name alone, and they beat as soon as they know their
+        ids (``--maps launcher``); otherwise every node gets the whole map."""
+        if not map_per_launcher or latest_map() is not None:
+            joined = await asyncio.gather(*(join(i) for i in group))
+            start([node_id for node_id, _, _ in joined])
+            return joined
+        known: list[int] = []
+        beating: list[asyncio.Task] = []
+
+        async def member(i: int, carrier: bool):
+            node_id, sent, answered = await join(i, omit_members=not carrier)
+            known.append(node_id)
+            if not beating:  # the launcher beats for the ids it knows from here on
+                beating.append(start_beats(known, 0, 1))
+            return node_id, sent, answered
+
+        joined = await asyncio.gather(*(member(i, k == 0) for k, i in enumerate(group)))
+        map_at = joined[0][2]  # the launcher's map arrives with its first node's reply
+        start_watches(known)
+        return [(node_id, sent, max(answered, map_at)) for node_id, sent, answered in joined]
+
     join_retries: list[str] = []
     # The member map each node holds (from its join, then its watch): watches name it, so the
     # orchestrator sends what changed (clients of an orchestrator without deltas ignore it).
     maps: dict[int, pb.KnownMap] = {}
-    assert await command() == "join"
-    joined = await asyncio.gather(*(join(i) for i in indices))
-    ids = [j[0] for j in joined]
-    conn.send([(sent, released) for _, sent, released in joined])
-
+    watch_pace = {"next": 0.0}  # when the next watch of this process may open (loop time)
+    beat_every = {"s": interval}  # the heartbeat interval, as the join replies ask for it
     measuring = {"on": False}
     early = {"reform": False}
     latencies: list[float] = []
@@ -145,7 +178,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             early["reform"] = True
 
     async def unary(node_id: int, k: int, count: int) -> None:
-        await asyncio.sleep(interval * k / count)
+        await asyncio.sleep(beat_every["s"] * k / count)
         next_at = loop.time()
         while node_id not in killed:
             if measuring["on"]:
@@ -163,52 +196,68 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 note_reply(node_id, reply)
                 if measuring["on"]:
                     latencies.append((time.perf_counter() - t0) * 1000)
-            next_at += interval
+            next_at += beat_every["s"]
             await asyncio.sleep(max(0.0, next_at - loop.time()))
 
     async def stream(group: list[int], k: int, count: int) -> None:
-        """One KeepAlive stream beating for ``group`` (like a launcher's agent)."""
-        await asyncio.sleep(interval * k / count)
+        """One KeepAlive stream beating for ``group`` (like a launcher's agent). As Client's
+        stream, a message goes out every interval whether or not the last one was answered,
+        and a stream that answered nothing for ``reply_timeout`` is opened again."""
+        await asyncio.sleep(beat_every["s"] * k / count)
         while True:
             call = beat_stub.KeepAlive()
+            sent_at: collections.deque[float] = collections.deque()
+            reader = loop.create_task(answers(call, sent_at))
             next_at = loop.time()
             try:
-                while True:
+                while not reader.done():
                     beats = [pb.HeartbeatRequest(run_id=RUN_ID, node_id=n, generation=1)
                              for n in group if n not in killed and n not in refused]
                     if not beats:
                         await call.done_writing()
                         return
+                    if sent_at and time.perf_counter() - sent_at[0] > reply_timeout:
+                        raise asyncio.TimeoutError
                     late = loop.time() - next_at
                     worst["late"] = max(worst["late"], late)
                     if measuring["on"]:
                         lateness.append(late * 1000)
-                    t0 = time.perf_counter()
+                    sent_at.append(time.perf_counter())
                     await call.write(pb.KeepAliveRequest(beats=beats))
-                    # As Client's stream: a reply that does not come in time reopens the stream.
-                    response = await asyncio.wait_for(call.read(), reply_timeout)
-                    if response is grpc.aio.EOF:
-                        break
-                    for answer in response.answers:
-                        if answer.HasField("info"):
-                            note_reply(answer.node_id, answer.info)
-                        else:
-                            refused[answer.node_id] = answer.message
-                    worst["reply"] = max(worst["reply"], time.perf_counter() - t0)
-                    if measuring["on"]:
-                        latencies.append((time.perf_counter() - t0) * 1000)
-                    next_at += interval
+                    next_at += beat_every["s"]
                     await asyncio.sleep(max(0.0, next_at - loop.time()))
+                reader.result()  # the stream ended: its error, if any
             except grpc.aio.AioRpcError as e:
                 beat_errors.append(f"beat {e.code().name}: {e.details()}")
                 await asyncio.sleep(0.05)
             except asyncio.TimeoutError:
                 beat_errors.append(f"beat: no reply within {reply_timeout:g} s")
                 call.cancel()
+            finally:
+                reader.cancel()
 
-    async def watch(node_id: int, k: int, count: int) -> None:
+    async def answers(call, sent_at: collections.deque[float]) -> None:
+        """Reads a KeepAlive stream's replies, each to the oldest message not yet answered."""
+        while True:
+            response = await call.read()
+            if response is grpc.aio.EOF:
+                return
+            round_trip = time.perf_counter() - sent_at.popleft()
+            for answer in response.answers:
+                if answer.HasField("info"):
+                    note_reply(answer.node_id, answer.info)
+                else:
+                    refused[answer.node_id] = answer.message
+            worst["reply"] = max(worst["reply"], round_trip)
+            if measuring["on"]:
+                latencies.append(round_trip * 1000)
+
+    async def watch(node_id: int) -> None:
         # Like Client.watch: a broken stream is opened again (it restarts with the current state).
-        await asyncio.sleep(k * processes / WATCHES_OPENED_PER_S)
+        # Opened at the pace of WATCHES_OPENED_PER_S over the client processes.
+        opens_at = max(loop.time(), watch_pace["next"])
+        watch_pace["next"] = opens_at + processes / WATCHES_OPENED_PER_S
+        await asyncio.sleep(opens_at - loop.time())
         while True:
             try:
                 async for update in stub.Watch(pb.WatchRequest(
@@ -226,16 +275,24 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     def start(new_ids: list[int]) -> None:
         groups = ([new_ids[g:g + per_stream] for g in range(0, len(new_ids), per_stream)]
                   if liveness == "stream" else [[node_id] for node_id in new_ids])
-        watching = [node_id for group in groups
-                    for node_id in (group[:1] if watches == "launcher" else group)]
-        for k, node_id in enumerate(watching):
-            watch_tasks[node_id] = loop.create_task(watch(node_id, k, len(watching)))
+        start_watches(new_ids)
         for k, group in enumerate(groups):
-            beat = stream(group, k, len(groups)) if liveness == "stream" else unary(
-                group[0], k, len(groups))
-            task = loop.create_task(beat)
-            for node_id in group:
-                beat_tasks[node_id] = task
+            start_beats(group, k, len(groups))
+
+    def start_watches(new_ids: list[int]) -> None:
+        watching = [node_id for g in range(0, len(new_ids), per_stream)
+                    for node_id in (new_ids[g:g + 1] if watches == "launcher"
+                                    else new_ids[g:g + per_stream])]
+        for node_id in watching:
+            watch_tasks[node_id] = loop.create_task(watch(node_id))
+
+    def start_beats(group: list[int], k: int, count: int) -> asyncio.Task:
+        """Beats for ``group`` (a list that may grow: ids added are beaten for too)."""
+        beat = stream(group, k, count) if liveness == "stream" else unary(group[0], k, count)
+        task = loop.create_task(beat)
+        for node_id in group:
+            beat_tasks[node_id] = task
+        return task
 
     async def kill(victims: list[int]) -> None:
         """Dead from here on: no more beats, the stream gone; a launcher reports it at once."""
@@ -250,8 +307,13 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                 run_id=RUN_ID, node_id=node_id, peers=[node_id], reason="exited with -9"),
                 timeout=30) for node_id in victims))
 
-    start(ids)
-    await asyncio.sleep(max(interval, len(watch_tasks) * processes / WATCHES_OPENED_PER_S))
+    assert await command() == "join"
+    launchers = [indices[g:g + per_stream] for g in range(0, len(indices), per_stream)]
+    joined = [j for group in await asyncio.gather(*(join_launcher(g) for g in launchers))
+              for j in group]
+    ids = [j[0] for j in joined]
+    conn.send(([(sent, released) for _, sent, released in joined], time.process_time()))
+    await asyncio.sleep(max(interval, watch_pace["next"] - loop.time()))
     conn.send("running")
     cpu_at = time.process_time()
     next_index = nodes + indices[0]  # newcomers' indices: this process's, past every node's
@@ -264,7 +326,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             measuring["on"] = False
             conn.send((latencies, early["reform"], list(watch_errors) + beat_errors,
                        time.process_time() - cpu_at, len(join_retries), lateness,
-                       sorted(refused.items())[:5], dict(worst), len(refused)))
+                       sorted(refused.items())[:5], dict(worst), len(refused), beat_every["s"]))
         elif cmd == "kill":
             await kill(ids[:1])
         elif cmd == "wait_reform":
@@ -300,9 +362,10 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
 
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int, watches: str, processes: int) -> None:
+                    liveness: str, per_stream: int, watches: str, processes: int,
+                    map_per_launcher: bool) -> None:
     asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, liveness, per_stream,
-                          watches, processes))
+                          watches, processes, map_per_launcher))
 
 
 def _start_orchestrator(args: argparse.Namespace, *flags: str) -> Orchestrator:
@@ -322,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processes", type=int, default=0,
                         help="client processes (default: 1 per 250 nodes, at most 4)")
     parser.add_argument("--heartbeat_interval", type=float, default=HEARTBEAT_INTERVAL_S,
-                        help="seconds between two heartbeats of a node (default: %(default)s)")
+                        help="seconds between two heartbeats of a node; the orchestrator of a "
+                             "large run asks for a longer one in its join replies, and the nodes "
+                             "then beat at that one, as Client does (default: %(default)s)")
     parser.add_argument("--heartbeat_timeout", type=float,
                         default=RunSettings.heartbeat_timeout,
                         help="the orchestrator's --heartbeat_timeout (default: %(default)s)")
@@ -349,6 +414,12 @@ def main(argv: list[str] | None = None) -> int:
                              "launcher: only one node per --nodes_per_stream group does (the "
                              "member map of every change goes to 1/N as many streams) "
                              "(default: %(default)s)")
+    parser.add_argument("--maps", choices=("launcher", "node"), default="launcher",
+                        help="launcher: the nodes of one --nodes_per_stream group join together "
+                             "and the first one alone gets the whole member map (the others its "
+                             "name, and they beat at once), as Client shares a map among the "
+                             "nodes of its process; node: every join gets the whole map, as "
+                             "before (default: %(default)s)")
     parser.add_argument("--soak_minutes", type=int, default=0,
                         help="after the measurement, replace --replace_percent of the nodes "
                              "every minute for this long; report false removals and the "
@@ -425,7 +496,8 @@ def _scale(args: argparse.Namespace, endpoint: str,
             indices = list(range(p, args.nodes, processes))
             worker = ctx.Process(target=_client_process, args=(
                 child, endpoint, indices, args.nodes, args.heartbeat_interval, args.liveness,
-                args.nodes_per_stream, args.watches, processes), daemon=True)
+                args.nodes_per_stream, args.watches, processes, args.maps == "launcher"),
+                daemon=True)
             worker.start()
             conns.append(parent)
             workers.append(worker)
@@ -435,9 +507,17 @@ def _scale(args: argparse.Namespace, endpoint: str,
                 c.send(cmd)
             return [c.recv() for c in conns]
 
-        times = [t for reply in broadcast("join") for t in reply]
+        cpu_at_start = None if server is None else cpu_seconds(server.proc.pid)
+        started = time.time()
+        replies = broadcast("join")
+        times = [t for reply, _ in replies for t in reply]
         rendezvous_s = max(r for _, r in times) - max(s for s, _ in times)
-        print(f"{args.nodes} nodes joined; rendezvous {rendezvous_s:.3f} s", flush=True)
+        formation = {"s": round(time.time() - started, 3),
+                     "clients_cpu_s": round(sum(cpu for _, cpu in replies), 3),
+                     "orchestrator_cpu_s": None if server is None else round(
+                         cpu_seconds(server.proc.pid) - cpu_at_start, 3)}
+        print(f"{args.nodes} nodes joined; rendezvous {rendezvous_s:.3f} s; formation "
+              f"{formation}", flush=True)
         for c in conns:
             assert c.recv() == "running"
         time.sleep(2 * args.heartbeat_interval)  # warm up: every node heartbeats and watches
@@ -488,12 +568,13 @@ def _scale(args: argparse.Namespace, endpoint: str,
                 w.kill()
     result = {"nodes": args.nodes, "liveness": args.liveness,
               "nodes_per_stream": args.nodes_per_stream if args.liveness == "stream" else None,
-              "watches": args.watches,
+              "watches": args.watches, "maps": args.maps,
               "processes": processes, "rendezvous_s": round(rendezvous_s, 4),
+              "formation": formation,
               "join_retries": join_retries,
               "heartbeat_p50_ms": round(percentile(latencies, 50), 3),
               "heartbeat_p99_ms": round(percentile(latencies, 99), 3),
-              "heartbeat_interval_s": args.heartbeat_interval, "orchestrator_cpu": cpu,
+              "heartbeat_interval_s": max(r[9] for r in replies), "orchestrator_cpu": cpu,
               "clients_cpu": clients_cpu,
               "beat_sent_late_p99_ms": round(percentile(lateness, 99), 3),
               "beat_sent_late_max_ms": round(max(lateness), 3),

@@ -77,15 +77,20 @@ class RestartElasticity:
         return self._view()
 
     def _join(self, slot: int) -> Membership:
+        """Joins one slot; only the first slot's membership carries the member map (the
+        workers' TF_CONFIG is built from it), so a job's formation sends the map once per
+        launcher, not once per worker."""
         client = self._clients[slot]
+        with_members = slot == 0
         try:
             if client.node_id is None:
                 membership = client.join(self._addresses[slot], self.spec.bounds.min_nodes,
                                          self.spec.bounds.max_nodes,
-                                         timeout=self.spec.join_timeout)
+                                         timeout=self.spec.join_timeout,
+                                         with_members=with_members)
                 client.start_heartbeats(heartbeat_interval(), self._on_heartbeat)
                 return membership
-            return client.join(timeout=self.spec.join_timeout)
+            return client.join(timeout=self.spec.join_timeout, with_members=with_members)
         except RunFailedError as e:
             raise RuntimeError(f"the run failed on the orchestrator: {e.message}") from None
 

@@ -134,6 +134,8 @@ class Client:
         self._heartbeats: _Heartbeats | None = None
         # The last member map a join or watch got: the next ones may get a delta against it.
         self._held: HeldMap | None = None
+        # The shortest heartbeat interval the orchestrator asked for in the last join reply.
+        self.beat_interval_floor = 0.0
         self._closed = False
 
     def close(self) -> None:
@@ -159,11 +161,15 @@ class Client:
     # ------------------------------------------------------------------ calls
 
     def join(self, address: str | None = None, min_nodes: int | None = None,
-             max_nodes: int | None = None, timeout: float = 600.0) -> Membership:
+             max_nodes: int | None = None, timeout: float = 600.0, *,
+             with_members: bool = True) -> Membership:
         """Blocks until this node is a member of a generation; returns it.
 
         The first call needs the node's address and the run's node bounds; a
         later call re-joins with the same ones and gets the next generation.
+        ``with_members=False``: the membership comes without its member map (empty
+        ``members``), for a node whose process reads the map from another of its nodes (an
+        agent's workers): a formation of N nodes then sends the map once per process.
         """
         if address is not None:
             if min_nodes is None or max_nodes is None:
@@ -183,6 +189,7 @@ class Client:
             if self.node_id is not None:
                 req.node_id = self.node_id
             _name_map(req, named[0])
+            req.omit_members = not with_members
             return req
 
         # A join again after a bad delta, naming no map, gets the whole one: the node is a
@@ -191,8 +198,10 @@ class Client:
             named[0] = held
             response = self._call(lambda stub: stub.Join, request, deadline)
             try:
-                membership, self._held = read_membership(
+                membership, now_held = read_membership(
                     response.node_id, response.membership, held, response.taken_back_after)
+                if with_members or response.membership.members or response.membership.delta:
+                    self._held = now_held  # (an orchestrator may send the map all the same)
                 break
             except DeltaMismatch as e:
                 logger.warning("the member map of a join reply did not check out (%s); "
@@ -202,6 +211,7 @@ class Client:
                                   "that named no map")
         self.node_id = response.node_id
         self.generation = response.membership.generation
+        self.beat_interval_floor = response.heartbeat_interval_s
         return membership
 
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
@@ -311,7 +321,9 @@ class Client:
                          on_stop: Callable[[Exception], None] | None = None) -> None:
         """Heartbeats every ``interval`` seconds until :meth:`stop_heartbeats`, on the heartbeat
         stream this process keeps to the orchestrator (see keepalive.py), or with unary calls in
-        a daemon thread where the orchestrator has no such stream.
+        a daemon thread where the orchestrator has no such stream. A large run's orchestrator
+        asks for a longer interval in its join replies (:attr:`beat_interval_floor`): then
+        that one.
 
         ``on_reply`` sees every reply. :attr:`heartbeat_error` holds the error
         of the last heartbeat (None after a success); transient ones
@@ -319,7 +331,8 @@ class Client:
         (node removed, run failed, a bug) end the thread, and ``on_stop`` hears why.
         """
         self.stop_heartbeats()
-        self._heartbeats = _Heartbeats(self, interval, on_reply, on_stop)
+        self._heartbeats = _Heartbeats(self, max(interval, self.beat_interval_floor), on_reply,
+                                       on_stop)
 
     def stop_heartbeats(self) -> None:
         if self._heartbeats is not None:

@@ -4,7 +4,10 @@ Nodes sit in an ordered dict from least to most recently heard; a heartbeat
 moves its node to the end. The first entry is therefore the next to expire, so
 the failure detector sleeps exactly until then instead of scanning every node.
 A node blocked in a call that is held open (a join waiting for its generation)
-is alive by definition and leaves the order until the call ends.
+is alive by definition and leaves the order until the call ends, and until its
+reply has been sent: a node learns its id from it, so cannot beat before. A
+newcomer stays out of the order until its first beat: the beat streams of a
+large formation open together, and their first beats are read seconds later.
 
 A broken watch stream is the quicker sign: see :class:`WatchLoss`. Silence is
 measured on a :class:`LoopClock`, which leaves out the time the serving loop
@@ -22,6 +25,12 @@ from typing import Callable, Container
 # before the delay counts as a stall (scheduling jitter under load is not one).
 LOOP_TICK_S = 0.1
 LOOP_STALL_TOLERANCE_S = 0.1
+# A join reply not sent after this long (its peer stopped reading) no longer keeps its node alive.
+REPLY_HOLD_MAX_S = 30.0
+# A newcomer whose reply went out and that has not beaten yet counts as alive this long at most
+# (a host that vanished right after its join is removed then; a dead process sooner, by its
+# agent's report or its broken watch).
+FIRST_BEAT_MAX_S = 10.0
 
 
 class LoopClock:

@@ -5,6 +5,8 @@ update. Those that name the map they hold (see member_deltas.py) share one small
 delta; the others share the whole map, encoded once. A reply is sent as bytes: a
 protobuf message followed by another field is that message with the field merged
 in, so a join reply is its node id's few bytes followed by the shared encoding.
+A join that asks for no members (another node of its process fetches the map)
+gets the map's name alone: generation, chief and digest.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ class MapReplies:
         # The last update's other fields, encoded once for all its watchers.
         self._update_tail: tuple[MembershipUpdate | None, bytes] = (None, b"")
 
-    def join_tail(self, membership: Membership, base: MapVersion | None) -> bytes:
-        """``membership`` as field 2 of a JoinResponse, a delta against ``base`` where it can."""
-        return self._encode("join", membership, base)[0]
+    def join_tail(self, membership: Membership, base: MapVersion | None,
+                  omit_members: bool = False) -> bytes:
+        """``membership`` as field 2 of a JoinResponse, a delta against ``base`` where it can;
+        with ``omit_members``, the map's name without its members."""
+        return self._encode("bare" if omit_members else "join", membership, base)[0]
 
     def update(self, update: MembershipUpdate,
                base: MapVersion | None) -> tuple[bytes, MapVersion]:
@@ -70,24 +74,26 @@ class MapReplies:
     def _encode(self, kind: str, membership: Membership,
                 base: MapVersion | None) -> tuple[bytes, MapVersion]:
         version = self._version(membership)
-        if base is not None and base not in self._history:
+        if kind == "bare" or base is not None and base not in self._history:
             base = None  # the whole map, encoded once for every client too far behind
         key = (kind, version, base)
         encoded = self._encoded.get(key)
         if encoded is None:
-            message = self._message(membership, version, base)
-            encoded = (pb.JoinResponse(membership=message) if kind == "join"
-                       else pb.MembershipUpdate(membership=message)).SerializeToString()
+            message = self._message(membership, version, base, members=kind != "bare")
+            encoded = (pb.MembershipUpdate(membership=message) if kind == "update"
+                       else pb.JoinResponse(membership=message)).SerializeToString()
             if len(self._encoded) >= _KEPT_ENCODINGS:
                 self._encoded.clear()
             self._encoded[key] = encoded
         return encoded, version
 
     def _message(self, membership: Membership, version: MapVersion,
-                 base: MapVersion | None) -> pb.Membership:
-        delta = None if base is None else self._history.delta(base, version)
+                 base: MapVersion | None, members: bool = True) -> pb.Membership:
         message = pb.Membership(generation=membership.generation, chief_id=membership.chief_id,
                                 digest=version.digest)
+        if not members:
+            return message
+        delta = None if base is None else self._history.delta(base, version)
         if delta is None:
             message.members.update(membership.members)
         else:

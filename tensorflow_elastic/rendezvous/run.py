@@ -29,16 +29,17 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol
 
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import partition, refusals
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
-from tensorflow_elastic.rendezvous.liveness import Liveness, LoopClock, WatchLoss
+from tensorflow_elastic.rendezvous.liveness import (
+    FIRST_BEAT_MAX_S, REPLY_HOLD_MAX_S, Liveness, LoopClock, WatchLoss)
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
-from tensorflow_elastic.rendezvous.settings import RunSettings
+from tensorflow_elastic.rendezvous.settings import RunSettings, beat_interval_floor
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore, Snapshot
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
@@ -83,6 +84,8 @@ class Run:
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
+        # Newcomers whose join reply went out, until their first beat: what ends their hold.
+        self._first_beats: dict[int, Callable[[], None]] = {}
         now = clock.now()
         for node_id in state.nodes:
             self._liveness.touch(node_id, now)
@@ -98,6 +101,8 @@ class Run:
         self._last_call_at: float | None = None
         # Bumped by every commit.
         self._version = 0
+        # The state's member map, its copy that memberships share, and the chief.
+        self._shared_members: tuple[dict[int, str], dict[int, str], int] | None = None
         # What watchers see: the update of the last durable save, and a count of them.
         self._published = self.update()
         self._published_version = 0
@@ -159,8 +164,15 @@ class Run:
         return self._state.generation
 
     def membership(self, node_id: int | None = None) -> Membership:
-        members = dict(self._state.members)
-        return Membership(node_id, self._state.generation, members, min(members, default=-1))
+        """The current membership. Its member map is one copy per map of the state (which
+        replaces its map, never changes it in place), shared by every membership taken from
+        it: the N joins a formation releases would otherwise copy N maps of N members."""
+        state = self._state
+        shared = self._shared_members
+        if shared is None or shared[0] is not state.members:
+            members = dict(state.members)
+            shared = self._shared_members = (state.members, members, min(members, default=-1))
+        return Membership(node_id, state.generation, shared[1], shared[2])
 
     def update(self) -> MembershipUpdate:
         return MembershipUpdate(self.membership(), self._state.phase, self._state.admissible(),
@@ -241,6 +253,10 @@ class Run:
     def heartbeat(self, node_id: int, generation: int) -> HeartbeatInfo:
         state = self._state
         refusals.check_heartbeat(state, node_id, generation)
+        if self._first_beats:
+            first = self._first_beats.pop(node_id, None)
+            if first is not None:
+                first()
         self._liveness.touch(node_id, self._clock.now())
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
@@ -452,11 +468,51 @@ class Run:
                         refusals.join_timeout_message(state, node, timeout))
                 await _wait(self._join_wake, remaining)
         finally:
-            self._liveness.release(node.node_id, self._clock.now())
-            if node.node_id not in state.nodes:
-                self._liveness.forget(node.node_id)
+            self._stop_holding(node.node_id)
         self._ack(node.node_id)
         return self.membership(node.node_id)
+
+    def beat_interval_floor(self) -> float:
+        """The shortest heartbeat interval this run asks of a node joining now."""
+        return beat_interval_floor(len(self._state.nodes), self._settings.heartbeat_timeout)
+
+    def hold_while_answering(self, node_id: int, newcomer: bool) -> Callable[[], None]:
+        """Counts the node alive until the returned function is called (at the latest after
+        REPLY_HOLD_MAX_S): its join reply is on its way, and a node learns its id, so can
+        beat, only from that reply. Called as soon as its join returned, the node's silence
+        starts when its reply has been sent, not when the thousands of replies of a formation
+        were queued together. A ``newcomer`` (whose beats start with this reply) stays held
+        until its first beat, at most FIRST_BEAT_MAX_S longer: the beat streams of a large
+        formation open together, and their first beats are read seconds later."""
+        self._liveness.hold(node_id)
+        loop = asyncio.get_running_loop()
+        held = True
+
+        def release() -> None:
+            nonlocal held
+            if held:
+                held = False
+                cap.cancel()
+                if self._first_beats.get(node_id) is release:
+                    del self._first_beats[node_id]
+                self._stop_holding(node_id)
+
+        def reply_sent() -> None:
+            nonlocal cap
+            if not held or not newcomer or node_id not in self._state.nodes:
+                release()
+                return
+            cap.cancel()
+            cap = loop.call_later(FIRST_BEAT_MAX_S, release)
+            self._first_beats[node_id] = release
+
+        cap = loop.call_later(REPLY_HOLD_MAX_S, release)
+        return reply_sent
+
+    def _stop_holding(self, node_id: int) -> None:
+        self._liveness.release(node_id, self._clock.now())
+        if node_id not in self._state.nodes:
+            self._liveness.forget(node_id)
 
     # -------------------------------------------------------------- transitions
 

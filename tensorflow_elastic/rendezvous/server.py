@@ -39,6 +39,11 @@ _SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.max_concurrent_streams", 100_000),
+    # Calls that arrive faster than the serving loop takes them up wait for it: by default
+    # gRPC cancels those beyond 3,000, and the 10,000 joins of a large job's start then come
+    # back again and again, each retry costing more than waiting would.
+    ("grpc.server.max_pending_requests", 100_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
 ]
 
 

@@ -219,7 +219,8 @@ class RendezvousService:
 
     def _join_tail(self, run: Run, request: pb.JoinRequest) -> bytes:
         """The run's current membership as the end of a join reply to ``request``."""
-        return self._replies(run).join_tail(self._membership(run), known_map(request))
+        return self._replies(run).join_tail(self._membership(run), known_map(request),
+                                            request.omit_members)
 
     # ------------------------------------------------------------------ RPCs
 
@@ -261,9 +262,13 @@ class RendezvousService:
         node_id = request.node_id if request.HasField("node_id") else None
         membership = await run.join(request.address, node_id, request.last_generation,
                                     request.nonce, request.timeout_s)
+        reply_sent = run.hold_while_answering(membership.node_id, newcomer=node_id is None)
+        context.add_done_callback(lambda _: reply_sent())
         # run.join returned the run's current membership, which is what _join_tail encodes.
         return (pb.JoinResponse(node_id=membership.node_id,
-                                taken_back_after=membership.taken_back_after).SerializeToString()
+                                taken_back_after=membership.taken_back_after,
+                                heartbeat_interval_s=run.beat_interval_floor()
+                                ).SerializeToString()
                 + self._join_tail(run, request))
 
     @_rpc

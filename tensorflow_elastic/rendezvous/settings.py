@@ -7,7 +7,8 @@ import dataclasses
 
 from tensorflow_elastic import environment
 
-# How often a node heartbeats (TFE_HEARTBEAT_INTERVAL overrides it). With the
+# How often a node heartbeats (TFE_HEARTBEAT_INTERVAL overrides it; a large run's join replies
+# ask for a longer interval, see beat_interval_floor). With the
 # default --heartbeat_timeout of 1.5 s a node must miss 6 beats in a row to be
 # removed: a host that vanishes is removed at most 1.5 s after its last beat,
 # while a healthy node on a loaded machine (two cores busy, round trips of 0.3 s
@@ -15,6 +16,13 @@ from tensorflow_elastic import environment
 # with benchmarks/orchestrator_scale.py at 1,000 nodes: about 0.8 of a core for
 # the orchestrator at 0.25 s, 0.6 at 0.5 s, 0.3 at 1 s (see docs/failures.md).
 HEARTBEAT_INTERVAL_S = 0.25
+# The node beats a second an orchestrator asks for at most, by the run's size: 1,000 nodes at
+# the default interval (about 0.2 of a core for launchers of 8 workers). A larger run's join
+# replies ask its nodes to beat less often (see beat_interval_floor).
+RUN_BEATS_PER_S = 4000.0
+# Beats a node sends per heartbeat timeout at least, whatever the run's size: it survives
+# two lost or late beats, and a silent host is still found within the timeout.
+BEATS_PER_TIMEOUT = 3.0
 
 
 # How quickly a client reaches an orchestrator that is back (restarted on its state, or a new
@@ -27,6 +35,14 @@ CLIENT_RETRY_BACKOFF_MAX_S = 2.0
 def heartbeat_interval() -> float:
     """A node's heartbeat interval: TFE_HEARTBEAT_INTERVAL, or the default."""
     return environment.number(environment.HEARTBEAT_INTERVAL, HEARTBEAT_INTERVAL_S)
+
+
+def beat_interval_floor(nodes: int, heartbeat_timeout: float) -> float:
+    """The shortest interval a run of ``nodes`` asks of its nodes (a join reply says it): the
+    orchestrator's beats grow no further than RUN_BEATS_PER_S with the run's size, up to
+    BEATS_PER_TIMEOUT beats per timeout."""
+    return min(nodes / RUN_BEATS_PER_S, heartbeat_timeout / BEATS_PER_TIMEOUT)
+
 
 @dataclasses.dataclass
 class RunSettings:

@@ -1,0 +1,183 @@
+"""Join replies at a large formation: the member map once per process (joins that ask for the
+map's name alone), silences counted from a newcomer's first beat after its reply was sent,
+and the slower beats a large run asks for."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import grpc
+
+from tensorflow_elastic.observability.events import EventLog
+from tensorflow_elastic.proto import rendezvous_pb2 as pb
+from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
+from tensorflow_elastic.rendezvous import Client, member_deltas
+from tensorflow_elastic.rendezvous import run as run_module
+from tensorflow_elastic.rendezvous import settings as settings_module
+from tensorflow_elastic.rendezvous.metrics import Metrics
+from tensorflow_elastic.rendezvous.server import Orchestrator
+from tensorflow_elastic.rendezvous.service import RendezvousService
+from tensorflow_elastic.rendezvous.settings import RunSettings
+from tensorflow_elastic.rendezvous.store import MemoryStore
+
+
+def _join(stub, port: int, **fields) -> pb.JoinResponse:
+    return stub.Join(pb.JoinRequest(run_id="job", address=f"127.0.0.1:{port}", min_nodes=3,
+                                    max_nodes=3, nonce=f"n{port}", timeout_s=20, **fields),
+                     timeout=30)
+
+
+def test_a_join_that_omits_the_members_gets_the_maps_name_alone():
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=5.0)) as server:
+        stub = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint))
+        replies: dict[int, pb.JoinResponse] = {}
+
+        def join(port: int, **fields) -> None:
+            replies[port] = _join(stub, port, **fields)
+
+        # Naming a map as well changes nothing: the name alone.
+        threads = [threading.Thread(target=join, args=(23000,)),
+                   threading.Thread(target=join, args=(23001,), kwargs={"omit_members": True}),
+                   threading.Thread(target=join, args=(23002,), kwargs={
+                       "omit_members": True,
+                       "known_map": pb.KnownMap(generation=1, digest=7)})]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        whole = replies[23000].membership
+        assert len(whole.members) == 3 and not whole.delta
+        for port in (23001, 23002):
+            bare = replies[port].membership
+            assert not bare.members and not bare.delta and not bare.removed
+            assert (bare.generation, bare.chief_id, bare.digest) == (
+                whole.generation, whole.chief_id, whole.digest)
+            assert bare.digest == member_deltas.digest(dict(whole.members))
+            assert replies[port].node_id in whole.members
+            assert len(replies[port].SerializeToString()) < 40
+        # A repeated join of the same node (its nonce) that asks for the map gets it whole.
+        again = _join(stub, 23001)
+        assert again.node_id == replies[23001].node_id
+        assert dict(again.membership.members) == dict(whole.members)
+
+
+def test_a_client_joining_without_members_keeps_no_map_and_watches_get_the_whole_one():
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=5.0)) as server:
+        clients = [Client(server.endpoint, "job") for _ in range(3)]
+        got = {}
+
+        def join(i: int) -> None:
+            got[i] = clients[i].join(f"127.0.0.1:{23100 + i}", 3, 3, 20, with_members=i == 0)
+
+        threads = [threading.Thread(target=join, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        full = got[0]
+        assert len(full.members) == 3
+        for i in (1, 2):
+            assert got[i].members == {} and got[i].generation == full.generation
+            assert got[i].chief_id == full.chief_id and got[i].node_id in full.members
+            assert clients[i]._held is None  # noqa: SLF001 - nothing to name in a later call
+        update = next(clients[1].watch())
+        assert update.membership.members == full.members
+        for c in clients:
+            c.close()
+
+
+class _Context:
+    """What a Join handler uses of a gRPC context: the callbacks for the call's end."""
+
+    def __init__(self) -> None:
+        self.done: list = []
+
+    def add_done_callback(self, callback) -> None:
+        self.done.append(callback)
+
+
+def test_a_newcomers_silence_starts_at_its_first_beat_after_its_reply_was_sent():
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> tuple[list[int], list[int], list[int], list[int]]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        contexts = [_Context(), _Context()]
+        await asyncio.gather(*(service.Join(pb.JoinRequest(
+            run_id="job", address=f"127.0.0.1:{23200 + i}", min_nodes=2, max_nodes=2,
+            nonce=f"n{i}", timeout_s=10), context) for i, context in enumerate(contexts)))
+        run = service._run("job")  # noqa: SLF001
+        await asyncio.sleep(1.0)  # both replies still on their way: nobody is silent
+        members_while_sending = sorted(run.membership().members)
+        for context in contexts:  # both replies went out; neither node has beaten yet
+            for callback in context.done:
+                callback(context)
+        await asyncio.sleep(1.0)
+        before_first_beats = sorted(run.membership().members)
+        run.heartbeat(1, 1)  # node 1's first beat; node 0 beats later still
+        await asyncio.sleep(0.2)
+        run.heartbeat(0, 1)
+        before_timeout = sorted(run.membership().members)
+        await asyncio.sleep(0.6)
+        after = sorted(run.membership().members)
+        await service.close()
+        return members_while_sending, before_first_beats, before_timeout, after
+
+    while_sending, before_first_beats, before_timeout, after = asyncio.run(scenario())
+    assert while_sending == [0, 1] and before_first_beats == [0, 1]
+    assert before_timeout == [0, 1]
+    # Both went silent after their first beat: removed (the run fell below min_nodes).
+    assert after == []
+
+
+def test_a_newcomer_that_never_beats_after_its_reply_is_removed_after_a_bounded_time(
+        monkeypatch):
+    monkeypatch.setattr(run_module, "FIRST_BEAT_MAX_S", 0.3)
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        context = _Context()
+        await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23250", min_nodes=1,
+                                          max_nodes=1, nonce="n", timeout_s=10), context)
+        for callback in context.done:
+            callback(context)
+        run = service._run("job")  # noqa: SLF001
+        await asyncio.sleep(0.4)  # past the heartbeat timeout, within the first-beat bound
+        members = sorted(run.membership().members)
+        await asyncio.sleep(0.6)  # past both
+        after = sorted(run.membership().members)
+        await service.close()
+        return members, after
+
+    assert asyncio.run(scenario()) == ([0], [])
+
+
+def test_a_join_reply_asks_a_large_run_for_slower_beats():
+    assert settings_module.beat_interval_floor(1000, 1.5) == 0.25
+    assert settings_module.beat_interval_floor(100, 1.5) < 0.25
+    # Never more than a third of the timeout: a silent host is still found within it.
+    assert settings_module.beat_interval_floor(10_000, 1.5) == 0.5
+    with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=0.3)) as server:
+        with Client(f"127.0.0.1:{server.port}", "job") as client:
+            client.join("127.0.0.1:23260", 1, 1, timeout=20)
+            assert client.beat_interval_floor == settings_module.beat_interval_floor(1, 0.3)
+
+
+def test_a_reply_that_never_goes_out_keeps_its_node_alive_for_a_bounded_time(monkeypatch):
+    monkeypatch.setattr(run_module, "REPLY_HOLD_MAX_S", 0.3)
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> list[int]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23300", min_nodes=1,
+                                          max_nodes=1, nonce="n", timeout_s=10), _Context())
+        await asyncio.sleep(1.5)  # its peer never reads the reply
+        members = sorted(service._run("job").membership().members)  # noqa: SLF001
+        await service.close()
+        return members
+
+    assert asyncio.run(scenario()) == []
