@@ -88,6 +88,8 @@ class ChaosJob(Job):
 
     def __init__(self, tmp: str, args: argparse.Namespace, hosts=None):
         super().__init__()
+        if args.trace:
+            self.env["TF_CPP_MIN_LOG_LEVEL"] = "1"  # the logs show TensorFlow's aborts
         self.control = os.path.join(tmp, "control")
         os.makedirs(self.control)
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))
@@ -574,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_devices", type=int, default=1,
                         help="logical CPU devices each worker drives, one replica each "
                         "(default 1)")
-    parser.add_argument("--keep", help="copy the events file here")
+    parser.add_argument("--keep", help="copy the events file here (and the workers' logs to "
+                        "KEEP.logs)")
     parser.add_argument("--trace", action="store_true",
                         help="print when each phase of every survivor's recovery ended")
     args = parser.parse_args(argv)
@@ -592,6 +595,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.keep:
                 import shutil
                 shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
+                shutil.copytree(os.path.join(tmp, "logs"), f"{args.keep}.logs",
+                                dirs_exist_ok=True)
     vanished = vanished_hosts(args) if args.vanish or args.net_faults else None
     faults = result["faults"]
     if args.soak:
