@@ -500,7 +500,18 @@ def vanished_hosts(args: argparse.Namespace) -> dict | None:
         print(f"vanished hosts not measured: {e}", flush=True)
         return None
     with hosts, tempfile.TemporaryDirectory(prefix="tfe-chaos-hosts-") as tmp:
-        return run(args, tmp, hosts)
+        try:
+            return run(args, tmp, hosts)
+        finally:
+            keep(args.keep and f"{args.keep}.hosts", tmp)
+
+
+def keep(path: str | None, tmp: str) -> None:
+    """Copies a job's events file to `path` and its workers' logs to `path`.logs."""
+    if path:
+        import shutil
+        shutil.copy(os.path.join(tmp, "events.jsonl"), path)
+        shutil.copytree(os.path.join(tmp, "logs"), f"{path}.logs", dirs_exist_ok=True)
 
 
 def soak_summary(result: dict) -> dict:
@@ -576,8 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_devices", type=int, default=1,
                         help="logical CPU devices each worker drives, one replica each "
                         "(default 1)")
-    parser.add_argument("--keep", help="copy the events file here (and the workers' logs to "
-                        "KEEP.logs)")
+    parser.add_argument("--keep", help="copy the events file here (the workers' logs to "
+                        "KEEP.logs; the network-namespace job's to KEEP.hosts and "
+                        "KEEP.hosts.logs)")
     parser.add_argument("--trace", action="store_true",
                         help="print when each phase of every survivor's recovery ended")
     args = parser.parse_args(argv)
@@ -592,11 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run(args, tmp)
         finally:
-            if args.keep:
-                import shutil
-                shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
-                shutil.copytree(os.path.join(tmp, "logs"), f"{args.keep}.logs",
-                                dirs_exist_ok=True)
+            keep(args.keep, tmp)
     vanished = vanished_hosts(args) if args.vanish or args.net_faults else None
     faults = result["faults"]
     if args.soak:
