@@ -88,6 +88,8 @@ class ChaosJob(Job):
 
     def __init__(self, tmp: str, args: argparse.Namespace, hosts=None):
         super().__init__()
+        if args.trace:
+            self.env["TF_CPP_MIN_LOG_LEVEL"] = "1"  # the logs show TensorFlow's aborts
         self.control = os.path.join(tmp, "control")
         os.makedirs(self.control)
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))
@@ -498,7 +500,18 @@ def vanished_hosts(args: argparse.Namespace) -> dict | None:
         print(f"vanished hosts not measured: {e}", flush=True)
         return None
     with hosts, tempfile.TemporaryDirectory(prefix="tfe-chaos-hosts-") as tmp:
-        return run(args, tmp, hosts)
+        try:
+            return run(args, tmp, hosts)
+        finally:
+            keep(args.keep and f"{args.keep}.hosts", tmp)
+
+
+def keep(path: str | None, tmp: str) -> None:
+    """Copies a job's events file to `path` and its workers' logs to `path`.logs."""
+    if path:
+        import shutil
+        shutil.copy(os.path.join(tmp, "events.jsonl"), path)
+        shutil.copytree(os.path.join(tmp, "logs"), f"{path}.logs", dirs_exist_ok=True)
 
 
 def soak_summary(result: dict) -> dict:
@@ -574,7 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_devices", type=int, default=1,
                         help="logical CPU devices each worker drives, one replica each "
                         "(default 1)")
-    parser.add_argument("--keep", help="copy the events file here")
+    parser.add_argument("--keep", help="copy the events file here (the workers' logs to "
+                        "KEEP.logs; the network-namespace job's to KEEP.hosts and "
+                        "KEEP.hosts.logs)")
     parser.add_argument("--trace", action="store_true",
                         help="print when each phase of every survivor's recovery ended")
     args = parser.parse_args(argv)
@@ -589,9 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run(args, tmp)
         finally:
-            if args.keep:
-                import shutil
-                shutil.copy(os.path.join(tmp, "events.jsonl"), args.keep)
+            keep(args.keep, tmp)
     vanished = vanished_hosts(args) if args.vanish or args.net_faults else None
     faults = result["faults"]
     if args.soak:

@@ -16,6 +16,7 @@ Every step prints {"t", "step", "node", "generation", "world", "pid"}; every
 """
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -72,7 +73,9 @@ if args.local_devices > 1:
         [tf.config.LogicalDeviceConfiguration()] * args.local_devices)
 
 import tensorflow_elastic as tfe  # noqa: E402
+from tensorflow_elastic.strategy import cluster  # noqa: E402
 
+STACKS_AFTER_S = 3.0  # with --trace: a first batch of fit this late dumps the stacks
 STOP_FILE = os.path.join(args.control, "stop")
 KILL_FILE = os.path.join(args.control, f"kill-{PID}")
 PAUSE_FILE = os.path.join(args.control, f"pause-{PID}")
@@ -144,8 +147,28 @@ def report_step(step: int) -> None:
                           "generation": runtime.generation}), flush=True)
 
 
+_background_marks: list[tuple[str, float]] = []  # from other threads, printed by the main one
+
+
 def mark(name: str) -> None:
+    while _background_marks:
+        earlier, t = _background_marks.pop(0)
+        print(json.dumps({"trace": earlier, "t": t, "node": runtime.node_id}), flush=True)
     print(json.dumps({"trace": name, "t": time.time(), "node": runtime.node_id}), flush=True)
+
+
+def traced_abort() -> None:
+    """Notes when the collectives were aborted (on a background thread: printed at the next
+    mark, so that no two lines of the output mix)."""
+    inner = cluster.abort_collectives
+
+    def wrapper(reason):
+        try:
+            return inner(reason)
+        finally:
+            _background_marks.append(("abort", time.time()))
+
+    cluster.abort_collectives = wrapper
 
 
 def traced(owner, name: str) -> None:
@@ -196,9 +219,12 @@ else:
         def on_train_begin(self, logs=None):
             if args.trace:
                 mark("fit_begin")
+                # Where every thread is, in the log, if the first batch is slow to come.
+                faulthandler.dump_traceback_later(STACKS_AFTER_S)
 
         def on_train_batch_begin(self, batch, logs=None):
             if args.trace and batch == 0:
+                faulthandler.cancel_dump_traceback_later()
                 mark("first_batch")
 
         def on_train_batch_end(self, batch, logs=None):
@@ -217,6 +243,7 @@ if args.trace:
                          (ChaosState, ("restore", "sync"))):
         for name in names:
             traced(owner, name)
+    traced_abort()
 
 if not workload.custom_loop:
     # A newcomer runs a step of fit alone before it joins: the members do not wait for its
@@ -228,7 +255,12 @@ if not workload.custom_loop:
 def train(state):
     if workload.custom_loop:
         while state.step < stop_step():
-            workload.step(next(iterator))
+            try:
+                workload.step(next(iterator))
+            except Exception:
+                if args.trace:
+                    mark("step_raised")
+                raise
             state.step += 1
             report_step(state.step)
             workload.between_steps(state.step, PID)
