@@ -191,7 +191,8 @@ class MembershipSession:
         if running or self._spare is not None:
             self.client.register(self.address, self.bounds.min_nodes, self.bounds.max_nodes)
             self.phases.node = f"node {self.node_id}"
-            self.phases.move(WorkerPhase.STANDBY, "the job runs already")
+            self.phases.move(WorkerPhase.STANDBY, "the job runs already" if running
+                             else "a spare, started ahead of need")
             self.tell_agent()
             logger.info("node %d registered; joins when training starts", self.node_id)
             return
