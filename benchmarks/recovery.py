@@ -26,9 +26,9 @@ runs. For each repeat it runs, with --workers local worker processes on 127.0.0.
   to its first contributing step (the end of its first step in the job), in
   stages: import, build, warm-up (its step traced and run alone before it joins),
   its receiving side of the sync built, join wait, state transfer, first step; with
-  --prestarted the newcomer's process starts before it is needed, as a warm spare of
-  tfelastic-run --spares (the library's spare wait, on its stdin): it imports, builds, warms up
-  and builds its receiving side while the members train, then holds before it asks to join;
+  --prestarted the newcomer's process starts before it is needed (as a launcher could start a
+  replacement ahead): it imports, builds, warms up and builds its receiving side while the
+  members train, then holds before it asks to join;
   the growth starts when it is let go, and its figure is from then to its first contributing
   step (the members' pause, too, counts from then);
 * leave: SIGTERM to one worker; the longest step gap on the survivors.
@@ -222,7 +222,7 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
             if prestarted:
                 newcomer.wait_for(lambda: "held" in _marks(newcomer), "the newcomer's warm-up")
                 t0 = time.time()
-                newcomer.send("j")  # the word a launcher gives its warm spare
+                newcomer.send("go")
             newcomer.wait_for(lambda: newcomer.last_step() > 0, "the newcomer's first step")
             target_step = max(p.last_step() for p in existing) + settings.disruption_steps
             for p in existing:

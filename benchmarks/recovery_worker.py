@@ -17,8 +17,7 @@ points of their start-up a newcomer's start is timed by: imported (TensorFlow an
 the package), built (joined or registered, strategy and model), warmed (a
 newcomer's warm-up step, run before it joins), prepared (its receiving side of the
 state sync built, just before it asks to join), and with --hold_before_join held (warmed
-up and its receiving side built, it waits as a launcher's warm spare does, tfelastic-run
---spares: the library's wait, on stdin as its pipe, until "j" says it is needed); with
+up and its receiving side built, it waits for a line on stdin before it asks to join); with
 --trace, "trace NAME TIME" lines too.
 """
 
@@ -45,9 +44,9 @@ parser.add_argument("--trace", action="store_true",
                     help="elastic mode: print \"trace NAME TIME\" when each stage of a "
                     "membership change returns (join, barrier, exchange, regroup, sync, broadcast)")
 parser.add_argument("--hold_before_join", action="store_true",
-                    help="elastic mode, a newcomer: a spare (TFE_SPARE_FD on stdin): once warmed "
-                    "up and ready to join, print \"mark held TIME\" and wait until \"j\" on "
-                    "stdin before it asks to join (a replacement started before it is needed)")
+                    help="elastic mode, a newcomer: once warmed up and ready to join, print "
+                    "\"mark held TIME\" and wait for a line on stdin before it asks to join (a "
+                    "replacement started before it is needed)")
 parser.add_argument("--pause_every", type=int, default=0,
                     help="elastic mode: every this many steps, pause in Python before the commit")
 parser.add_argument("--pause_s", type=float, default=1.0, help="how long each pause lasts")
@@ -85,8 +84,6 @@ def traced(owner, name):
 
 
 if args.mode == "elastic":
-    if args.hold_before_join:
-        os.environ["TFE_SPARE_FD"] = "0"  # as tfelastic-run --spares starts a spare
     runtime = tfe.init()
     strategy = tfe.ElasticMultiWorkerMirroredStrategy()
     prepare_to_join = tfe.TensorFlowState.prepare_to_join
@@ -95,7 +92,8 @@ if args.mode == "elastic":
         prepare_to_join(self)
         mark("prepared")
         if args.hold_before_join:
-            mark("held")  # the spare's wait for its word follows
+            mark("held")
+            sys.stdin.readline()
 
     tfe.TensorFlowState.prepare_to_join = prepare_and_mark
     if args.trace:
