@@ -27,6 +27,7 @@ NODE_ID = "TFE_NODE_ID"                 # restart mode: the worker's permanent i
 GENERATION = "TFE_GENERATION"           # restart mode: the generation it starts in
 NODE_FILE = "TFE_NODE_FILE"             # in-process mode: where the worker tells its agent its id
 ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exception
+SPARE_FD = "TFE_SPARE_FD"               # a spare: the pipe its agent says "join now" on
 
 # ---- what a worker reports and how patient it is
 EVENTS_FILE = "TFE_EVENTS_FILE"         # the shared JSON-lines record of what happened

@@ -14,6 +14,8 @@ The mode (:mod:`~tensorflow_elastic.launch.mode`) says how a worker starts
 and what a failure restarts; a collective mode's membership joins, reports
 and leaves at the orchestrator. A SIGTERM or SIGINT to the agent is forwarded
 to the workers as SIGTERM, which an elastic worker turns into a graceful leave.
+With ``--spares`` it also keeps warm spare workers (launch/spares.py) once the
+job runs, and a dead worker's place goes to one of them.
 """
 
 from __future__ import annotations
@@ -25,15 +27,16 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TextIO
+from typing import Callable, Sequence, TextIO
 
 from tensorflow_elastic import environment
 from tensorflow_elastic.launch import repeats
 from tensorflow_elastic.launch.decision import Action, Do, Situation, decide
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
 from tensorflow_elastic.launch.gpus import visible_gpus, worker_gpu_env
-from tensorflow_elastic.launch.mode import Membership, Mode, View
+from tensorflow_elastic.launch.mode import Membership, Mode, SpareLaunches, View, WorkerLaunch
 from tensorflow_elastic.launch.process import WorkerProcess
+from tensorflow_elastic.launch.spares import RunningSpare, SparePool
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
 from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
 from tensorflow_elastic.observability import events
@@ -87,6 +90,9 @@ class LocalAgent:
         self._metrics = metrics
         # The GPUs this launcher hands out to its workers (read once: they do not change).
         self._gpus = visible_gpus()
+        self._spares = SparePool()
+        self._spare_failures = 0
+        self._took_spare: dict[int, int] = {}  # spare number -> the slot it took
 
     # ------------------------------------------------------------------ control
 
@@ -103,6 +109,7 @@ class LocalAgent:
         try:
             return self._run()
         finally:
+            self._spares.dismiss(0.0)  # killed, if an ending below did not dismiss them
             for worker in self._workers:
                 if worker is not None and worker.poll() is None:
                     worker.kill()
@@ -132,6 +139,7 @@ class LocalAgent:
                 self._view = self.membership.observe()
                 self._take_in_reports()
             failed = self._poll()
+            self._reap_spares()
             if failed:
                 self.state = WorkerState.UNHEALTHY
                 for slot in failed:
@@ -156,7 +164,10 @@ class LocalAgent:
         return Situation(codes, tuple(self._pending), self.restarts, self.spec.max_restarts,
                          self._view.changed, final=tuple(sorted(self._final)),
                          user_error=repeats.user_error(codes, self.failures),
-                         awaiting_others=repeats.waits_for_others(codes, pending, time.time()))
+                         awaiting_others=repeats.waits_for_others(codes, pending, time.time()),
+                         spares=len(self._spares), spares_wanted=self.spec.spares,
+                         job_running=self._view.generation > 0,
+                         spare_failures=self._spare_failures)
 
     def _act(self, action: Action, held: bool) -> AgentResult | None:
         """Does what the decision says (``held``: failed slots were held already); the result
@@ -174,6 +185,11 @@ class LocalAgent:
                        if self.mode.worker_name else "comes back as a new node")
             self._view = self._view.with_node(action.slot, None)  # known when it joins
             self._start(action.slot)
+        elif action.do is Do.TAKE_SPARE:
+            self.restarts += 1
+            self._take_spare(action.slot)
+        elif action.do is Do.START_SPARE:
+            self._start_spare()
         elif action.do is Do.KEEP_DOWN:
             self._info("worker %d is not restarted: %s", action.slot, action.reason)
         elif action.do is Do.RESTART_GROUP:
@@ -213,29 +229,83 @@ class LocalAgent:
 
     def _start(self, slot: int) -> None:
         worker_dir = os.path.join(self._log_dir(), f"restart_{self.restarts}", f"worker_{slot}")
+        extra = worker_gpu_env(slot, self.spec.nproc_per_node, self._gpus, self.spec.gpus)
+        extra[environment.LOCAL_RANK] = str(slot)
+        self._workers[slot] = self._spawn(self.mode.launch(slot), extra, worker_dir,
+                                          lambda slot=slot: self._label(slot))
+        self._exit_codes[slot] = None
+        self._info("worker %d started: pid %d, %s", slot, self._workers[slot].pid,
+                   self._who(slot))
+
+    def _start_spare(self) -> None:
+        """A spare, which warms up and waits; it reads its end of a pipe for the agent's word."""
+        mode: SpareLaunches = self.mode  # type: ignore[assignment] - the launcher checked
+        number = self._spares.next_number()
+        read_end, write_end = os.pipe()
+        launch = mode.launch_spare(number)
+        launch.env[environment.SPARE_FD] = str(read_end)
+        worker_dir = os.path.join(self._log_dir(), f"spare_{number}")
+        try:
+            process = self._spawn(launch, {}, worker_dir, lambda: self._spare_label(number),
+                                  pass_fds=[read_end])
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._spares.add(RunningSpare(number, process, write_end))
+        self._info("spare %d started: pid %d; it warms up and waits until a worker of this "
+                   "node is needed", number, process.pid)
+
+    def _take_spare(self, slot: int) -> None:
+        """The oldest spare joins in place of `slot`'s dead worker; a new spare comes next."""
+        spare = self._spares.take()
+        self.mode.adopt_spare(slot, spare.number)  # type: ignore[attr-defined]
+        self._took_spare[spare.number] = slot
+        self._view = self._view.with_node(slot, None)  # known when it joins
+        self._workers[slot] = spare.process
+        self._exit_codes[slot] = None
+        self._info("restart %d of %d: spare %d (pid %d) joins in place of worker %d",
+                   self.restarts, self.spec.max_restarts, spare.number, spare.process.pid, slot)
+
+    def _reap_spares(self) -> None:
+        for spare, code in self._spares.reap():
+            if code == 0:
+                self._info("spare %d exited", spare.number)
+                continue
+            self._spare_failures += 1
+            self._info("spare %d (pid %d) failed with exit code %d before it was needed (%s)",
+                       spare.number, spare.process.pid, code,
+                       spare.process.log_file or "no log file")
+
+    def _dismiss_spares(self) -> None:
+        for spare, code in self._spares.dismiss(self.spec.stop_timeout):
+            self._info("spare %d not needed: it left (exit code %d)", spare.number, code)
+
+    def _spawn(self, launch: WorkerLaunch, extra: dict[str, str], worker_dir: str,
+               label: Callable[[], str], pass_fds: Sequence[int] = ()) -> WorkerProcess:
         error_file = os.path.join(worker_dir, "error.json")
         if os.path.exists(error_file):
             os.remove(error_file)
-        launch = self.mode.launch(slot)
-        extra = dict(launch.env)
-        extra.update({environment.ERROR_FILE: error_file, environment.LOCAL_RANK: str(slot),
-                      environment.RESTART_COUNT: str(self.restarts)})
-        extra.update(worker_gpu_env(slot, self.spec.nproc_per_node, self._gpus, self.spec.gpus))
+        env = dict(launch.env)
+        env.update({environment.ERROR_FILE: error_file,
+                    environment.RESTART_COUNT: str(self.restarts)})
+        env.update(extra)
         if self.spec.events_file:
-            extra[environment.EVENTS_FILE] = self.spec.events_file
+            env[environment.EVENTS_FILE] = self.spec.events_file
         try:
-            worker = WorkerProcess(self.spec.command(), worker_env(extra), error_file,
-                                   label=lambda slot=slot: self._label(slot),
-                                   stdout=self._stdout, stderr=self._stderr,
-                                   pass_fds=[s.fileno() for s in launch.sockets],
-                                   log_file=os.path.join(worker_dir, "output.log"),
-                                   verbose=self.spec.verbose, on_exit=self._wake.set)
+            return WorkerProcess(self.spec.command(), worker_env(env), error_file, label=label,
+                                 stdout=self._stdout, stderr=self._stderr,
+                                 pass_fds=[s.fileno() for s in launch.sockets] + list(pass_fds),
+                                 log_file=os.path.join(worker_dir, "output.log"),
+                                 verbose=self.spec.verbose, on_exit=self._wake.set)
         finally:
             for held in launch.sockets:
                 held.close()
-        self._workers[slot] = worker
-        self._exit_codes[slot] = None
-        self._info("worker %d started: pid %d, %s", slot, worker.pid, self._who(slot))
+
+    def _spare_label(self, number: int) -> str:
+        slot = self._took_spare.get(number)
+        return f"spare {number}" if slot is None else self._label(slot)
 
     def _label(self, slot: int) -> str:
         if self.mode.output_label:
@@ -331,6 +401,8 @@ class LocalAgent:
     # ------------------------------------------------------------------ endings
 
     def _finish(self) -> AgentResult:
+        # First: the exit barrier waits for every node of the run, spares too.
+        self._dismiss_spares()
         if self.membership is not None:
             self.membership.complete()
         self._events.record(events.JOB_COMPLETE, node=None, generation=self._view.generation,
@@ -343,6 +415,7 @@ class LocalAgent:
         return self._result(WorkerState.SUCCEEDED, 0, summary)
 
     def _give_up(self, reason: str, exit_code: int) -> AgentResult:
+        self._dismiss_spares()
         self._stop_workers()
         self._leave("the node's workers failed")
         return self._result(WorkerState.FAILED, exit_code,
@@ -351,6 +424,7 @@ class LocalAgent:
     def _stop(self, signum: int) -> AgentResult:
         name = signal.Signals(signum).name
         self._info("got %s: forwarding SIGTERM to the workers (graceful leave)", name)
+        self._dismiss_spares()
         self._stop_workers(signal.SIGTERM)
         self._leave(f"agent got {name}")
         if self._formed is not None:

@@ -3,11 +3,13 @@
 The agent polls its workers, then asks :func:`decide` what follows from what
 it saw (the slots' exit codes, which of them failed and wait for its
 answer, its restart counter, whether the job's membership changed, whether
-the failures are a user error a restart would repeat: launch/repeats.py) and
-carries out the actions in order. The mode's :class:`Scope` is the one thing that differs: a worker
-that re-forms in-process (or a parameter-server role) comes back alone, a
+the failures are a user error a restart would repeat: launch/repeats.py, its
+warm spares) and carries out the actions in order. The mode's
+:class:`Scope` is the one thing that differs: a worker that re-forms in-process (or a parameter-server role) comes back alone, a
 plain MWMS worker takes its whole group with it. A worker whose error says
-a restart cannot help (e.g. the training diverged) is never restarted.
+a restart cannot help (e.g. the training diverged) is never restarted. A worker
+that comes back alone comes back as a warm spare when one runs (``--spares``):
+the spare joins at once, and a new spare is started in its place.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class Scope(enum.Enum):
 
 class Do(enum.Enum):
     RESTART_WORKER = "restart_worker"  # start the slot again (counts as a restart)
+    TAKE_SPARE = "take_spare"          # a warm spare takes the slot and joins (counts as one)
+    START_SPARE = "start_spare"        # start one more spare, which warms up and waits
     KEEP_DOWN = "keep_down"            # leave the dead slot down, saying why
     RESTART_GROUP = "restart_group"    # a worker failed: re-form and start all (counts)
     REFORM_GROUP = "reform_group"      # the membership changed: re-form and start all
@@ -62,6 +66,13 @@ class Situation:
     final: tuple[int, ...] = ()
     user_error: UserError | None = None
     awaiting_others: bool = False
+    # Warm spares running, how many the launcher keeps (--spares) once ``job_running`` (a
+    # worker of this node is a member), and how many spares failed before they were needed
+    # (more than max_restarts: no new ones, the script cannot run as a spare).
+    spares: int = 0
+    spares_wanted: int = 0
+    job_running: bool = False
+    spare_failures: int = 0
 
 
 NOT_RESTARTABLE = "a worker failed in a way a restart cannot fix"
@@ -87,7 +98,7 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
         if seen.membership_changed and not succeeded:
             return [Action(Do.REFORM_GROUP)]
         return _ending(seen.exit_codes, seen.restarts, seen.max_restarts)
-    actions, codes, restarts = [], list(seen.exit_codes), seen.restarts
+    actions, codes, restarts, spares = [], list(seen.exit_codes), seen.restarts, seen.spares
     for slot in seen.failed:
         if succeeded:
             actions.append(Action(Do.KEEP_DOWN, slot, "the job is complete"))
@@ -99,7 +110,10 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
         else:
             restarts += 1
             codes[slot] = None
-            actions.append(Action(Do.RESTART_WORKER, slot))
+            actions.append(Action(Do.TAKE_SPARE if spares else Do.RESTART_WORKER, slot))
+            spares -= bool(spares)
+    if seen.job_running and not succeeded and seen.spare_failures <= seen.max_restarts:
+        actions += [Action(Do.START_SPARE)] * max(0, seen.spares_wanted - spares)
     return actions + _ending(codes, restarts, seen.max_restarts, bool(seen.final))
 
 

@@ -55,6 +55,8 @@ class InProcessElasticity:
         self._node_files: list[str] = [""] * spec.nproc_per_node
         self._starts = 0
         self._looked_up: dict[int, int] = {}
+        # The running spares' (address, node file), by the agent's number for them.
+        self._spares: dict[int, tuple[str, str]] = {}
         self._status_client = spec.orchestrator_client(retry_timeout=5.0)
 
     def launch(self, slot: int) -> WorkerLaunch:
@@ -66,9 +68,24 @@ class InProcessElasticity:
         self._starts += 1
         self._node_files[slot] = os.path.join(self._node_files_dir, f"slot{slot}-{self._starts}")
         self._looked_up.pop(slot, None)
-        env = {environment.NODE_FILE: self._node_files[slot],
+        return self._launch(self._addresses[slot], held, self._node_files[slot])
+
+    def launch_spare(self, number: int) -> WorkerLaunch:
+        """A spare's start: an address and a node file of its own until it takes a slot."""
+        address, held = self._ports.held_address()
+        self._spares[number] = (address, os.path.join(self._node_files_dir, f"spare{number}"))
+        return self._launch(address, held, self._spares[number][1])
+
+    def adopt_spare(self, slot: int, number: int) -> None:
+        """Spare `number` is the slot's worker from now on: its address and node file are the
+        slot's."""
+        self._addresses[slot], self._node_files[slot] = self._spares.pop(number)
+        self._looked_up.pop(slot, None)
+
+    def _launch(self, address: str, held: socket.socket, node_file_path: str) -> WorkerLaunch:
+        env = {environment.NODE_FILE: node_file_path,
                environment.ENDPOINT: self.spec.rdzv_endpoint, environment.RUN_ID: self.spec.run_id,
-               environment.ADDRESS: self._addresses[slot],
+               environment.ADDRESS: address,
                environment.ADDRESS_FD: str(held.fileno()),
                environment.MIN_NODES: str(self.spec.bounds.min_nodes),
                environment.MAX_NODES: str(self.spec.bounds.max_nodes),

@@ -149,6 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_restarts", type=int, default=3, metavar="N",
                    help="worker restarts after crashes before this node gives up "
                    "(default: %(default)s)")
+    p.add_argument("--spares", type=int, default=0, metavar="N",
+                   help="keep N warm spare workers once the job runs (elastic-aware scripts): "
+                   "each imports, builds and warms up its step, then waits, not a member, until "
+                   "a worker of this node dies; it then joins in its place at once (counted as a "
+                   "restart) and a new spare starts (default: %(default)s)")
     p.add_argument("--run_id", default="default", metavar="ID",
                    help="the job's name on the orchestrator; every node of a job uses the same "
                    "(default: %(default)s)")
@@ -327,6 +332,7 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
              f"{bounds.max_nodes}; raise --nworkers")
     if args.max_restarts < 0:
         _die(f"--max_restarts must be >= 0, got {args.max_restarts}")
+    _check_spares(args)
     if args.module and args.no_python:
         _die("-m runs a Python module; --no-python runs an executable: give one of them")
     if args.script == ORCHESTRATOR_ONLY and not args.module:
@@ -344,6 +350,19 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
         _die(f"script {args.script!r} not found (cwd {os.getcwd()}); give a path to a .py file "
              f"or an executable")
     return bounds
+
+
+def _check_spares(args: argparse.Namespace) -> None:
+    if not args.spares:
+        return
+    if args.spares < 0:
+        _die(f"--spares must be >= 0, got {args.spares}")
+    if args.role != COLLECTIVE or args.elastic_mode == RESTART:
+        _die("--spares keeps warm workers of an elastic-aware script (in-process elasticity); "
+             "drop it with --role ps|worker or --elastic_mode restart")
+    if args.gpus == gpus.SPLIT and args.nproc_per_node > 1 and gpus.visible_gpus():
+        _die("--spares with --gpus split: a spare cannot know ahead whose GPUs it takes; use "
+             "--gpus all, or one worker per launcher")
 
 
 def _parse_address(value: str) -> tuple[str, int]:
@@ -439,6 +458,8 @@ def _collective_mode(spec: WorkerSpec, ports: PortAllocator, wake: threading.Eve
     text = f"{mode.replace('_', '-')} elasticity: {why}"
     if mode == IN_PROCESS:
         return InProcessElasticity(spec, ports, hosts_orchestrator), text
+    if spec.spares:
+        _die(f"--spares needs an elastic-aware script: {why}")
     addresses = [ports.address() for _ in range(spec.nproc_per_node)]
     return RestartElasticity(spec, addresses, wake), text
 
@@ -471,7 +492,7 @@ def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
         events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval,
-        verbose=args.verbose, gpus=args.gpus)
+        verbose=args.verbose, gpus=args.gpus, spares=args.spares)
 
 
 if __name__ == "__main__":

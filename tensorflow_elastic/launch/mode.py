@@ -57,6 +57,16 @@ class Mode(Protocol):
         """The worker's environment for this start of ``slot`` (a restart included)."""
 
 
+class SpareLaunches(Protocol):
+    """A mode whose workers can be started ahead as warm spares (launch/spares.py)."""
+
+    def launch_spare(self, number: int) -> WorkerLaunch:
+        """The environment of the launcher's spare `number`, before it has a slot."""
+
+    def adopt_spare(self, slot: int, number: int) -> None:
+        """Spare `number` is `slot`'s worker from now on."""
+
+
 class Membership(Protocol):
     """The node's side of the job's membership at the orchestrator."""
 

@@ -75,6 +75,7 @@ class WorkerSpec:
     progress_interval: float = 30.0
     verbose: bool = False
     gpus: str = gpus_lib.SPLIT
+    spares: int = 0  # warm spare workers kept once the job runs (launch/spares.py)
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:
@@ -85,6 +86,8 @@ class WorkerSpec:
                              f"--nworkers")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.spares < 0:
+            raise ValueError(f"spares must be >= 0, got {self.spares}")
         if self.monitor_interval <= 0:
             raise ValueError(f"monitor_interval must be > 0, got {self.monitor_interval}")
         if self.module and self.no_python:

@@ -28,6 +28,7 @@ from tensorflow_elastic.errors import ElasticJobFailed, GenerationEnded
 from tensorflow_elastic.membership import node_file
 from tensorflow_elastic.membership.phase import (LIVE, WAITING_ON_THE_ORCHESTRATOR, PhaseMachine,
                                                  WorkerPhase)
+from tensorflow_elastic.membership.spare import Spare
 from tensorflow_elastic.membership.watchdog import ProgressWatchdog
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.observability import events
@@ -89,9 +90,10 @@ class MembershipSession:
                  on_peers_lost: PeersLost = lambda reason, generation: None,
                  join_timeout: float = DEFAULT_JOIN_TIMEOUT_S,
                  progress_timeout: float = DEFAULT_PROGRESS_TIMEOUT_S, step_events_every: int = 10,
-                 barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S, node_file_path: str = ""):
+                 barrier_timeout: float = DEFAULT_BARRIER_TIMEOUT_S, node_file_path: str = "",
+                 spare: Spare | None = None):
         """`node_file_path`: where this node tells its agent its id and generation (none: no
-        agent listens)."""
+        agent listens); `spare`: its agent started it ahead of need (membership/spare.py)."""
         self.client = client
         self.address = address
         self.bounds = bounds
@@ -101,6 +103,7 @@ class MembershipSession:
         self._steps = StepReporter(every=step_events_every)
         self._on_peers_lost = on_peers_lost
         self._node_file_path = node_file_path
+        self._spare = spare
         # What the node file tells the agent besides the membership (its metrics, progress).
         self.progress = node_file.Progress()
         self._told_agent_at = float("-inf")
@@ -177,17 +180,19 @@ class MembershipSession:
     # ------------------------------------------------------------------- joining
 
     def start(self) -> None:
-        """Joins the forming job, or registers as a standby node when the job already runs."""
+        """Joins the forming job, or registers as a standby node when the job already runs (a
+        spare always does)."""
         try:
             running = self.client.status()[0].state == Phase.ACTIVE
         except RendezvousError as e:
             if e.reason != UNKNOWN_RUN:
                 raise
             running = False
-        if running:
+        if running or self._spare is not None:
             self.client.register(self.address, self.bounds.min_nodes, self.bounds.max_nodes)
             self.phases.node = f"node {self.node_id}"
-            self.phases.move(WorkerPhase.STANDBY, "the job runs already")
+            self.phases.move(WorkerPhase.STANDBY, "the job runs already" if running
+                             else "a spare, started ahead of need")
             self.tell_agent()
             logger.info("node %d registered; joins when training starts", self.node_id)
             return
@@ -261,12 +266,34 @@ class MembershipSession:
         self.phases.move(WorkerPhase.REFORMING, why)
 
     def join_next_generation(self) -> Membership:
-        """The next generation this node is a member of (blocks until the orchestrator has it)."""
+        """The next generation this node is a member of (blocks until the orchestrator has it).
+        A spare first waits until its agent needs it."""
+        if self.standby and self._spare is not None:
+            self._wait_as_spare()
         self.begin_reform("joining the next generation")
         try:
             return self._join()
         except OrchestratorUnreachableError as e:
             raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
+
+    def _wait_as_spare(self) -> None:
+        """Warmed up and ready to receive the state: waits for the agent's word. A spare that is
+        not needed (its agent ended the pipe or sent SIGTERM, the job ended) did no work: it
+        leaves and its process exits 0."""
+        logger.warning("node %d is a spare, ready: it joins when its launcher needs it",
+                       self.node_id)
+        needed = self._spare.wait_until_needed(
+            lambda: self.leave_requested or self.phase is not WorkerPhase.STANDBY)
+        self._spare = None
+        if needed:
+            logger.warning("node %d (spare) joins the job", self.node_id)
+            return
+        if self.phase is WorkerPhase.STANDBY:
+            try:
+                self.leave("a spare that was not needed")
+            except RendezvousError:
+                pass  # the job is over: nobody needs to know
+        raise SystemExit(0)
 
     def start_generation(self, membership: Membership) -> bool:
         """The new generation's barrier: False when the membership moved on meanwhile (a

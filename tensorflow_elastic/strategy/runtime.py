@@ -32,6 +32,7 @@ from tensorflow_elastic.membership.session import (DEFAULT_BARRIER_TIMEOUT_S,
                                                    DEFAULT_JOIN_TIMEOUT_S,
                                                    DEFAULT_ORCHESTRATOR_WAIT_S,
                                                    DEFAULT_PROGRESS_TIMEOUT_S, MembershipSession)
+from tensorflow_elastic.membership.spare import Spare
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.rendezvous import Client, JobCompleteError, Membership
 from tensorflow_elastic.rendezvous.types import NodeBounds
@@ -461,7 +462,8 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
             step_events_every=environment.integer(environment.STEP_EVENTS_EVERY, 10),
             barrier_timeout=environment.number(environment.BARRIER_TIMEOUT,
                                                DEFAULT_BARRIER_TIMEOUT_S),
-            node_file_path=environment.text(environment.NODE_FILE, ""))
+            node_file_path=environment.text(environment.NODE_FILE, ""),
+            spare=Spare.from_environment())
         runtime = ElasticRuntime(session, interrupts, address_reservation=reservation,
                                  exit_timeout=exit_timeout)
         runtime.start()

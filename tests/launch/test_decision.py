@@ -108,3 +108,35 @@ def test_user_errors_are_not_restarted(scope, codes, failed, restarts, error, aw
                                        expected):
     seen = Situation(codes, failed, restarts, 3, user_error=error, awaiting_others=awaiting)
     assert decide(scope, seen) == expected
+
+
+# (exit codes, failed now, restarts, spares running, spare failures) -> actions; two spares
+# wanted, max_restarts 3, a worker of the node is a member
+SPARE_CASES = [
+    ("spares are started up to the number wanted", (RUNNING, RUNNING), (), 0, 0, 0,
+     [Action(Do.START_SPARE), Action(Do.START_SPARE)]),
+    ("all wanted run: nothing to do", (RUNNING, RUNNING), (), 0, 2, 0, []),
+    ("a spare takes the dead one's place, another starts", (RUNNING, -9), (1,), 0, 2, 0,
+     [Action(Do.TAKE_SPARE, 1), Action(Do.START_SPARE)]),
+    ("two dead, one spare: one takes a place, the other restarts", (-9, -9), (0, 1), 0, 1, 0,
+     [Action(Do.TAKE_SPARE, 0), Action(Do.RESTART_WORKER, 1), Action(Do.START_SPARE),
+      Action(Do.START_SPARE)]),
+    ("a spare counts as a restart: none left, kept down", (RUNNING, -9), (1,), 3, 2, 0,
+     [Action(Do.KEEP_DOWN, 1, "--max_restarts=3 used up")]),
+    ("spares that keep failing are not started again", (RUNNING, RUNNING), (), 0, 0, 4, []),
+    ("no spare once the job completed", (0, RUNNING), (), 0, 0, 0, []),
+]
+
+
+@pytest.mark.parametrize("codes, failed, restarts, spares, spare_failures, expected",
+                         [case[1:] for case in SPARE_CASES], ids=[case[0] for case in SPARE_CASES])
+def test_a_warm_spare_takes_a_dead_workers_place(codes, failed, restarts, spares,
+                                                 spare_failures, expected):
+    seen = Situation(codes, failed, restarts, max_restarts=3, spares=spares, spares_wanted=2,
+                     job_running=True, spare_failures=spare_failures)
+    assert decide(WORKER, seen) == expected
+
+
+def test_no_spare_before_the_job_runs_here_nor_for_group_restarts():
+    assert decide(WORKER, Situation((RUNNING,), spares_wanted=1)) == []
+    assert decide(GROUP, Situation((RUNNING,), spares_wanted=1, job_running=True)) == []
