@@ -52,6 +52,12 @@ MAX_REFORMS_WITHOUT_PROGRESS = 5
 T = TypeVar("T")
 
 _runtime: "ElasticRuntime | None" = None
+
+
+class StepRestarts(Exception):
+    """Raised by a step after `ElasticRuntime.recover_in_step` when it cannot retry in place:
+    the loop calls the step again, with the job already re-formed and synced."""
+
 _runtime_lock = threading.Lock()
 
 
@@ -97,6 +103,13 @@ class ElasticRuntime:
         self.strategy: distribute_lib.Strategy | None = None
         # The change under way, from its first cause to the sync that ends it.
         self._change: _Change | None = None
+        # The training loop's: whether this node joined a running job, the commits when the
+        # current sync or step began, re-forms since the last commit, and the error a step's
+        # own recovery raised (the loop raises it as it is).
+        self._newcomer = False
+        self._commits_before = 0
+        self._reforms_without_progress = 0
+        self._unrecovered: BaseException | None = None
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership.
@@ -135,46 +148,78 @@ class ElasticRuntime:
         re-form and retry, until `step()` returns.
 
         Only the sync and the step are inside the `try`: what goes wrong while the runtime
-        recovers is not a fault of the training, and ends the job with its own error.
+        recovers is not a fault of the training, and ends the job with its own error. A step
+        may also recover without returning (`recover_in_step`, Keras `fit`).
         """
-        newcomer = self.session.standby
+        self._newcomer = self.session.standby
         self._begin_training(state)
-        reforms_without_progress = 0
+        self._reforms_without_progress = 0
+        synced = False
         while True:
-            commits_before = state.commits
+            self._commits_before = state.commits
             in_step = False
             try:
-                self.sync(state)
+                if not synced:
+                    self.sync(state)
+                synced = False
                 in_step = True
                 result = step()
+            except StepRestarts:
+                synced = True  # recovered inside the step, which cannot go on from there
             except Exception as error:  # noqa: BLE001 - decide() sorts it
-                action = decide(error, Situation(in_step, newcomer, commits_before),
-                                self.session.moved_on)
-                if action is Action.RAISE:
-                    raise
-                if action is Action.LEAVE:
-                    self._leave_mismatched(error)
-                if action is Action.CHANGE:
-                    self._finish_step_together()
-                elif action is Action.RESYNC:
-                    logger.info("generation %d ended during the state sync; re-forming",
-                                self.generation)
-                    self._note_change("a member lost during the state sync", 0)
-                else:
-                    self._go_back(state, error, in_step)
-                if state.commits != commits_before:
-                    reforms_without_progress = 0
-                else:
-                    reforms_without_progress += 1
-                    if reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
-                        raise ElasticJobFailed(
-                            f"{reforms_without_progress} re-forms in a row without a single "
-                            f"commit; giving up (see the events file for the failures)") \
-                            from error
-                self._reform(state)
+                if error is self._unrecovered:
+                    raise  # decided, or broke the recovery, inside the step
+                self._recover(state, error, in_step)
             else:
                 self.session.finish(state.commits)
                 return result
+
+    def recover_in_step(self, state, error: Exception) -> None:
+        """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
+        work (a Keras train function), as the loop would (go back to the last commit, re-form,
+        sync), and returns so that the step retries that piece in place, without leaving the
+        step and entering it again. Raises what the loop would raise; raise `StepRestarts`
+        after it when the step cannot retry in place (the loop then calls it again, synced)."""
+        try:
+            self._recover(state, error, in_step=True)
+            while True:
+                self._commits_before = state.commits
+                try:
+                    self.sync(state)
+                    return
+                except Exception as sync_error:  # noqa: BLE001 - decide() sorts it
+                    self._recover(state, sync_error, in_step=False)
+        except BaseException as unrecovered:
+            self._unrecovered = unrecovered
+            raise
+
+    def _recover(self, state, error: BaseException, in_step: bool) -> None:
+        """What the loop does about an error that ended a sync or a step: raises it, or leaves,
+        or re-forms (after going back to the last commit when the step was lost)."""
+        commits_before = self._commits_before
+        action = decide(error, Situation(in_step, self._newcomer, commits_before),
+                        self.session.moved_on)
+        if action is Action.RAISE:
+            raise error
+        if action is Action.LEAVE:
+            self._leave_mismatched(error)
+        if action is Action.CHANGE:
+            self._finish_step_together()
+        elif action is Action.RESYNC:
+            logger.info("generation %d ended during the state sync; re-forming",
+                        self.generation)
+            self._note_change("a member lost during the state sync", 0)
+        else:
+            self._go_back(state, error, in_step)
+        if state.commits != commits_before:
+            self._reforms_without_progress = 0
+        else:
+            self._reforms_without_progress += 1
+            if self._reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
+                raise ElasticJobFailed(
+                    f"{self._reforms_without_progress} re-forms in a row without a single "
+                    f"commit; giving up (see the events file for the failures)") from error
+        self._reform(state)
 
     def _begin_training(self, state) -> None:
         """Before the first step: a node joining a running job prepares to receive the state,

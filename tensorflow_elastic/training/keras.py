@@ -8,6 +8,9 @@ endless input): the strategy's `experimental_distribute_dataset`, which Keras
 calls, cuts the user's global batches elastically, and the callback starts
 every epoch's iterator at that position, so a `fit` called again after a
 re-form continues the interrupted pass: no example repeats or goes missing.
+Under Keras 3 a batch whose generation ended recovers inside the same `fit`
+call (its train function re-forms, restores and runs the batch again), which
+spares the re-entry into `fit` (a new input, a build, the metrics' reset).
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # An epoch's end is committed after every callback's on_epoch_end (file writers
         # included), at the next epoch's start or the training's end.
         self._epoch_end_pending = False
+        # The (epoch, state.batch) the batch in flight starts from: where a recovery inside
+        # `fit` must have brought the state back to, for the batch to run again in place.
+        self._batch_start = (0, 0)
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = runtime_lib.current().strategy
@@ -110,6 +116,11 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
         self._resume(passes)
+        if not _is_tf_keras(self.model) and _scale_losses_at_run_time():
+            # Its one traced train function serves every world size: a batch can run again in
+            # another generation. (tf-keras retraces per world size, in the next `fit`.)
+            self.model.train_function = _RecoveringTrainFunction(
+                _unwrapped(self.model.train_function), self)
 
     def _resume(self, passes: int | None) -> None:
         """Makes this `fit` start at the committed (epoch, batch) rather than its initial epoch."""
@@ -144,6 +155,30 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self.state.epoch = epoch
         if self._input is not None:
             self._input.seek(self._position(epoch, self._first_batch), epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        self._batch_start = (self.state.epoch, batch if self._numbered_from_first
+                             else self._first_batch + batch)
+
+    def recover(self, error: Exception) -> None:
+        """After `error` ended the batch in flight: re-forms, restores and syncs as `tfe.run`
+        would, then sets the input back to the batch, which runs again in this `fit` call; or
+        raises (the error, or StepRestarts when the committed state is not that batch's start:
+        `fit` is then entered again from it)."""
+        runtime = runtime_lib.current()
+        before = set(runtime.membership.members)
+        runtime.recover_in_step(self.state, error)
+        epoch, batch = self._batch_start
+        if (self.state.epoch, self.state.batch) != (epoch, batch):
+            raise runtime_lib.StepRestarts(
+                f"the state went back to epoch {self.state.epoch}, batch {self.state.batch}, "
+                f"not to the batch in flight (epoch {epoch}, batch {batch})")
+        if set(runtime.membership.members) - before:
+            # A newcomer starts its `fit` now: the members start theirs again too, so that every
+            # member runs the same collectives in the same order.
+            raise runtime_lib.StepRestarts("a newcomer joined at the re-form")
+        if self._input is not None:
+            self._input.seek(self._position(epoch, batch), epoch)
 
     def _position(self, epoch: int, batch: int) -> int:
         """The input's global batch at (epoch, batch): within the pass, or the stream for an
@@ -186,6 +221,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # A later fit without this callback starts where its own arguments say.
+        self.model.train_function = _unwrapped(self.model.train_function)
         if _is_tf_keras(self.model):
             self.model._training_state = None
         else:
@@ -201,6 +237,29 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 # Also when the membership changes at this commit: it saved the epoch's end.
                 if self.backup is not None and _is_chief():
                     self.state.write(self.backup)
+
+
+class _RecoveringTrainFunction:
+    """Keras 3's train function, whose failed batch recovers inside `fit` (ElasticCallback.recover)
+    and runs again; a fit without the callback, after a fit that ended with an error, gets the
+    plain function again (on_train_begin unwraps it)."""
+
+    def __init__(self, function: Callable[[Any], Any], callback: ElasticCallback):
+        self.function = function
+        self.callback = callback
+
+    def __call__(self, iterator: Any) -> Any:
+        while True:
+            try:
+                return self.function(iterator)
+            except tf.errors.OutOfRangeError:
+                raise  # the end of the input: Keras ends the epoch
+            except Exception as error:  # noqa: BLE001 - the runtime's decision sorts it
+                self.callback.recover(error)
+
+
+def _unwrapped(function: Any) -> Any:
+    return function.function if isinstance(function, _RecoveringTrainFunction) else function
 
 
 class _ResumeAt:
@@ -225,7 +284,8 @@ class ChiefOnly(tf.keras.callbacks.Callback):
     (ModelCheckpoint, TensorBoard, CSVLogger), which every worker would write otherwise.
 
     The chief can change at a re-form; the new chief's `callback` takes over
-    at the next `fit` call, and a CSVLogger then appends to the file its
+    at its next hook (it is given the model and begins training then, within
+    the same `fit` call), and a CSVLogger then appends to the file its
     predecessor wrote (`state` says whether training resumed). tf-keras'
     ModelCheckpoint and TensorBoard run on every worker: they write on the
     chief only by themselves (non-chiefs into a temporary directory, following
@@ -243,11 +303,14 @@ class ChiefOnly(tf.keras.callbacks.Callback):
             callback, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.TensorBoard))
         # tf-keras hands logs as tensors only to callbacks that take them.
         self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
+        # Whether the callback began this `fit` call here (a member that becomes chief during
+        # it begins it then).
+        self._begun = False
 
     def set_model(self, model: Any) -> None:
-        # Keras 3's TensorBoard writes the model's summary here: on the chief only. A re-form
-        # ends the `fit` call; the next one sets the model again, on the chief of then.
+        # Keras 3's TensorBoard writes the model's summary here: on the chief only.
         super().set_model(model)
+        self._begun = False
         if self._runs_here() or self._follows_best():
             self.callback.set_model(model)
 
@@ -269,9 +332,21 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         if (self.state.epoch or self.state.batch) and hasattr(self.callback, "append"):
             self.callback.append = True
         self.callback.on_train_begin(logs)
+        self._begun = True
+
+    def _runs_from_here(self) -> bool:
+        """Whether the callback runs here, after it began here if this member just became the
+        chief (its predecessor was lost during this `fit` call, which went on)."""
+        if not self._runs_here():
+            return False
+        if not self._begun and self.model is not None:
+            if not self._follows_best():
+                self.callback.set_model(self.model)
+            self.on_train_begin()
+        return True
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._runs_here():
+        if self._runs_from_here():
             self.callback.on_epoch_end(epoch, logs)
         elif self._follows_best():
             # A member that becomes chief later saves only what beats the best saved so far.
@@ -287,7 +362,7 @@ class ChiefOnly(tf.keras.callbacks.Callback):
 
 def _on_chief(name: str) -> Callable[..., None]:
     def hook(self: ChiefOnly, *args: Any, **kwargs: Any) -> None:
-        if self._runs_here():
+        if self._runs_from_here():
             getattr(self.callback, name)(*args, **kwargs)
 
     hook.__name__ = name
