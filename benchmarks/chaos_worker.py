@@ -166,9 +166,6 @@ strategy = tfe.ElasticMultiWorkerMirroredStrategy(
     devices=[f"CPU:{i}" for i in range(args.local_devices)] if args.local_devices > 1 else None)
 workload = WORKLOADS[args.workload](strategy, args.global_batch, args.bins, args.compute_ms,
                                     args.control)
-if workload.custom_loop and args.local_devices > 1:
-    # Its batches are PerReplica values, one slice per device: no single-tensor signature.
-    workload.step = tf.function(workload.step.python_function)
 
 if workload.custom_loop:
     class ChaosState(ChaosPoints, tfe.TensorFlowState):
@@ -177,9 +174,14 @@ if workload.custom_loop:
     state = ChaosState(workload.variables(), step=0)
     batches = strategy.distribute_elastic_dataset(tf.data.Dataset.range(ELEMENTS),
                                                   args.global_batch)
-    if args.local_devices == 1:
-        workload.step.get_concrete_function()  # a newcomer traces while the members train
+    # One trace for every world size (with several devices, its batches are PerReplica values,
+    # one slice per device), made before a newcomer joins, while the members train.
+    workload.step = tf.function(workload.step.python_function,
+                                input_signature=[batches.replica_element_spec])
     iterator = iter(batches)
+    # A newcomer runs it once, alone, before it joins: the members do not wait for its first
+    # run (with several devices, the multi-device function's instantiation).
+    tfe.warm_up(lambda: workload.step(next(iterator)))
 else:
     class ChaosState(ChaosPoints, tfe.KerasState):
         pass

@@ -25,12 +25,18 @@ runs. For each repeat it runs, with --workers local worker processes on 127.0.0.
   bytes measured in the same run, and the newcomer's time from its process start
   to its first contributing step (the end of its first step in the job), in
   stages: import, build, warm-up (its step traced and run alone before it joins),
-  its receiving side of the sync built, join wait, state transfer, first step;
+  its receiving side of the sync built, join wait, state transfer, first step; with
+  --prestarted the newcomer's process starts before it is needed (as a launcher could start a
+  replacement ahead): it imports, builds, warms up and builds its receiving side while the
+  members train, then holds before it asks to join;
+  the growth starts when it is let go, and its figure is from then to its first contributing
+  step (the members' pause, too, counts from then);
 * leave: SIGTERM to one worker; the longest step gap on the survivors.
 
 Prints progress, then a table, and as its last line the JSON summary:
 {"model", "state_mb", "overhead_ratio", "overhead_cpu_ratio", "rss_ratio", "commit_ms_median",
  "recovery_s_median", "growth_pause_s_median", "newcomer_start_s_median",
+ "newcomer_from_need_s_median",
  "leave_pause_s_median", "sync_mb_s_median",
  "loopback_mb_s_median", "lost_steps_max", "lost_steps_max_growth_leave"}, plus
 "control_ratio" with --control.
@@ -194,7 +200,7 @@ def ratios_of(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
 
 
 def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
-               snapshot_every: int = 1, trace: bool = False) -> dict:
+               snapshot_every: int = 1, trace: bool = False, prestarted: bool = False) -> dict:
     """One crash, growth or leave scenario; returns its measurements."""
     settings = SETTINGS[model]
     orchestrator = start_orchestrator()
@@ -207,11 +213,16 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
         for p in group:
             p.wait_for(lambda p=p: p.last_step() >= settings.warmup_steps, "warm-up steps")
         if kind == "growth":
-            t0 = time.time()
+            t0 = started = time.time()
             group += elastic_workers(orchestrator, 1, f"{kind}{repeat}", 100_000, 2, workers,
-                                     events_file, flags)
+                                     events_file,
+                                     flags + (("--hold_before_join",) if prestarted else ()))
             existing = group[:-1]
             newcomer = group[-1]
+            if prestarted:
+                newcomer.wait_for(lambda: "held" in _marks(newcomer), "the newcomer's warm-up")
+                t0 = time.time()
+                newcomer.send("go")
             newcomer.wait_for(lambda: newcomer.last_step() > 0, "the newcomer's first step")
             target_step = max(p.last_step() for p in existing) + settings.disruption_steps
             for p in existing:
@@ -225,7 +236,7 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
                     "sync_s": synced[-1]["seconds"], "sync_mb": synced[-1]["bytes"] / 2**20,
                     "sync_mb_s": synced[-1]["bytes"] / 2**20 / synced[-1]["seconds"],
                     **_members_in_growth(existing, events_file),
-                    **_newcomer_start(newcomer, t0, events_file),
+                    **_newcomer_start(newcomer, started, t0, events_file),
                     "loopback_mb_s": loopback_copy_mb_s(synced[-1]["bytes"])}
         victim = group[-1]
         survivors = group[:-1]
@@ -281,13 +292,20 @@ def growth_trace(existing: list[Process], newcomer: Process, since: float) -> st
             f"{before * 1e3:.0f} ms):\n" + "\n".join(rows))
 
 
-def _newcomer_start(newcomer: Process, started: float, events_file: str) -> dict:
+def _marks(worker: Process) -> dict[str, float]:
+    """The worker's "mark NAME TIME" lines so far, by name."""
+    return {name: t for kind, name, t in timed_lines(worker) if kind == "mark"}
+
+
+def _newcomer_start(newcomer: Process, started: float, needed: float, events_file: str) -> dict:
     """The newcomer's time from its process start to its first contributing step (the end of its
     first step in the job: its gradients are part of that step's all-reduce), in stages: import,
     build (registration, strategy, model), warm-up (its step traced and run alone), join wait
     (its receiving side of the sync built, then the wait for the generation that admits it),
-    state transfer (the sync), first step."""
-    marks = {name: t for kind, name, t in timed_lines(newcomer) if kind == "mark"}
+    state transfer (the sync), first step. `needed`: when it was let go (a pre-started
+    newcomer; else its start): its time to the first step from then, and held, the time it
+    waited warmed up, are counted apart."""
+    marks = _marks(newcomer)
     node = newcomer.records[0]["node"]
     joined = min(e["time"] for e in read_events(events_file, event=GENERATION_START)
                  if e["node"] == node)
@@ -296,10 +314,13 @@ def _newcomer_start(newcomer: Process, started: float, events_file: str) -> dict
     first_step = newcomer.records[0]["t"]
     warmed = marks.get("warmed", marks["built"])
     prepared = marks.get("prepared", warmed)
-    return {"newcomer_s": first_step - started, "newcomer_import_s": marks["imported"] - started,
+    asked = max(prepared, needed)  # when it asked to join
+    return {"newcomer_s": first_step - started, "newcomer_from_need_s": first_step - needed,
+            "newcomer_import_s": marks["imported"] - started,
             "newcomer_build_s": marks["built"] - marks["imported"],
             "newcomer_warm_up_s": warmed - marks["built"],
-            "newcomer_prepare_s": prepared - warmed, "newcomer_join_wait_s": joined - prepared,
+            "newcomer_prepare_s": prepared - warmed, "newcomer_held_s": asked - prepared,
+            "newcomer_join_wait_s": joined - asked,
             "newcomer_transfer_s": synced - joined, "newcomer_first_step_s": first_step - synced}
 
 
@@ -395,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", nargs="*", default=[],
                         choices=["steady", "crash", "growth", "leave"],
                         help="phases to leave out (default none)")
+    parser.add_argument("--prestarted", action="store_true",
+                        help="growth: start the newcomer's process ahead (it imports, builds and "
+                        "warms up while the members train, then holds) and time the growth from "
+                        "when it is let go")
     parser.add_argument("--trace", action="store_true",
                         help="growth: print when each stage of the change returned on every "
                         "worker (join, barriers, exchange, regroup, sync, broadcast)")
@@ -412,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 _steady_repeat(args, tmp, repeat, results)
             for kind in kinds:
                 r = disruption(kind, args.workers, args.model, tmp, repeat, args.snapshot_every,
-                               args.trace)
+                               args.trace, args.prestarted)
                 results[kind].append(r)
                 print(f"[{repeat + 1}/{args.repeats}] {kind}: " +
                       ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
@@ -483,10 +508,14 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
             ("members: sync and step (s)", [r["members_sync_and_step_s"]
                                             for r in results["growth"]]),
             ("newcomer start to 1st step (s)", [r["newcomer_s"] for r in results["growth"]]),
+            ("newcomer needed to 1st step (s)", [r["newcomer_from_need_s"]
+                                                 for r in results["growth"] if args.prestarted]),
             ("  import (s)", [r["newcomer_import_s"] for r in results["growth"]]),
             ("  build (s)", [r["newcomer_build_s"] for r in results["growth"]]),
             ("  warm-up (trace, step) (s)", [r["newcomer_warm_up_s"] for r in results["growth"]]),
             ("  receiving side built (s)", [r["newcomer_prepare_s"] for r in results["growth"]]),
+            ("  held, ready (s)", [r["newcomer_held_s"] for r in results["growth"]
+                                   if args.prestarted]),
             ("  join wait (s)", [r["newcomer_join_wait_s"] for r in results["growth"]]),
             ("  state transfer (s)", [r["newcomer_transfer_s"] for r in results["growth"]]),
             ("  first step (s)", [r["newcomer_first_step_s"] for r in results["growth"]]),
@@ -518,6 +547,7 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
         "recovery_s_median": median_of([r["recovery_s"] for r in results["crash"]]),
         "growth_pause_s_median": median_of([r["pause_s"] for r in growth]),
         "newcomer_start_s_median": median_of([r["newcomer_s"] for r in growth], 3),
+        "newcomer_from_need_s_median": median_of([r["newcomer_from_need_s"] for r in growth], 3),
         "leave_pause_s_median": median_of([r["pause_s"] for r in results["leave"]]),
         "sync_mb_s_median": median_of([r["sync_mb_s"] for r in growth], 1),
         "loopback_mb_s_median": median_of([r["loopback_mb_s"] for r in growth], 1),

@@ -16,8 +16,9 @@ Elastic workers also print "mark NAME TIME" lines (Unix time) as they pass the
 points of their start-up a newcomer's start is timed by: imported (TensorFlow and
 the package), built (joined or registered, strategy and model), warmed (a
 newcomer's warm-up step, run before it joins), prepared (its receiving side of the
-state sync built, just before it asks to join); with --trace, "trace NAME TIME"
-lines too.
+state sync built, just before it asks to join), and with --hold_before_join held (warmed
+up and its receiving side built, it waits for a line on stdin before it asks to join); with
+--trace, "trace NAME TIME" lines too.
 """
 
 import argparse
@@ -42,6 +43,10 @@ parser.add_argument("--pause_before_training", type=float, default=0.0,
 parser.add_argument("--trace", action="store_true",
                     help="elastic mode: print \"trace NAME TIME\" when each stage of a "
                     "membership change returns (join, barrier, exchange, regroup, sync, broadcast)")
+parser.add_argument("--hold_before_join", action="store_true",
+                    help="elastic mode, a newcomer: once warmed up and ready to join, print "
+                    "\"mark held TIME\" and wait for a line on stdin before it asks to join (a "
+                    "replacement started before it is needed)")
 parser.add_argument("--pause_every", type=int, default=0,
                     help="elastic mode: every this many steps, pause in Python before the commit")
 parser.add_argument("--pause_s", type=float, default=1.0, help="how long each pause lasts")
@@ -86,6 +91,9 @@ if args.mode == "elastic":
     def prepare_and_mark(self):
         prepare_to_join(self)
         mark("prepared")
+        if args.hold_before_join:
+            mark("held")
+            sys.stdin.readline()
 
     tfe.TensorFlowState.prepare_to_join = prepare_and_mark
     if args.trace:

@@ -255,6 +255,10 @@ REGISTER: dict[str, Runs | NotRunnableHere] = {
     ".venv/bin/tfelastic-run --standalone --nproc_per_node 3 --nworkers 2:3 --events_file "
     "events.jsonl examples/keras_fit.py --epochs 3": Runs(_QUICKSTART),
     ".venv/bin/tfelastic status --events_file events.jsonl": Runs(_QUICKSTART),
+    # docs/gpu.md
+    ".venv/bin/python examples/check_devices.py": Runs(
+        "tests/docs/test_gpu_commands.py::test_the_device_check",
+        note="without a GPU here: its workers drive logical CPU devices"),
     # docs/ha.md
     "etcd --data-dir /var/lib/etcd ...": Runs(
         _HA, note="'...' stands for etcd's own flags: the etcd_server fixture gives them"),

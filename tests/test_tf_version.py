@@ -91,3 +91,21 @@ def test_the_version_comes_from_the_build_record(tmp_path):
 def test_a_release_is_major_dot_minor():
     assert tf_version.release("2.21.0") == "2.21"
     assert tf_version.release("2.20.0rc1") == "2.20"
+
+
+@pytest.mark.parametrize("extra", ["cpu", "gpu"])
+def test_the_install_extras_take_exactly_the_supported_releases(extra):
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "pyproject.toml"), "rb") as f:
+        (spec,) = tomllib.load(f)["project"]["optional-dependencies"][extra]
+    allowed = Requirement(spec).specifier
+    for supported in tf_version.SUPPORTED_RELEASES:
+        assert allowed.contains(f"{supported}.0") and allowed.contains(f"{supported}.9")
+    major, minor = map(int, tf_version.SUPPORTED_RELEASES[-1].split("."))
+    first_major, first_minor = map(int, tf_version.SUPPORTED_RELEASES[0].split("."))
+    assert not allowed.contains(f"{major}.{minor + 1}.0")
+    assert not allowed.contains(f"{first_major}.{first_minor - 1}.9")

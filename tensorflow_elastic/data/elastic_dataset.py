@@ -18,7 +18,7 @@ from tensorflow.python.data.ops import dataset_ops
 from tensorflow.python.ops import resource_variable_ops
 
 from tensorflow_elastic.data.addressable import addressable
-from tensorflow_elastic.data.replicas import ReplicaIterator
+from tensorflow_elastic.data.replicas import ReplicaIterator, replica_spec
 from tensorflow_elastic.ops import load_op_library
 from tensorflow_elastic.tf_internals import private
 
@@ -137,6 +137,13 @@ class ElasticDataset(dataset_ops.UnaryUnchangedStructureDataset):
         if len(self._replica_devices) > 1:
             return ReplicaIterator(iterator, self._replica_devices)
         return iterator
+
+    @property
+    def replica_element_spec(self):
+        """The spec of what its iterators hand out: `element_spec` with one local device, one
+        `PerReplicaSpec` per leaf with several. A step traced for it (`input_signature`, or
+        `get_concrete_function` before a newcomer joins) serves every world size and split."""
+        return replica_spec(self.element_spec, max(1, len(self._replica_devices)))
 
     @property
     def cursor(self) -> tf.Variable:

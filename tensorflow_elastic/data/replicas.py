@@ -52,6 +52,18 @@ def distribute_batch(element, devices: Sequence[str]):
     return tf.nest.map_structure(cut, element)
 
 
+def replica_spec(element_spec, replicas: int):
+    """The spec of what a worker's iterator hands out for `element_spec` (its batches' spec):
+    the batches themselves with one replica, one PerReplicaSpec per leaf with several, each
+    slice of unknown size. A step traced for it serves every split of the global batch."""
+    if replicas <= 1:
+        return element_spec
+    return tf.nest.map_structure(
+        lambda spec: values_lib.PerReplicaSpec(
+            *[tf.TensorSpec([None, *spec.shape[1:]], spec.dtype)] * replicas),
+        element_spec)
+
+
 class ReplicaIterator(iterator_ops.IteratorBase):
     """An iterator over a worker's batches whose elements are cut among its `devices`."""
 

@@ -10,8 +10,10 @@ TensorFlow's file systems, so whatever `tf.io.gfile` reaches works.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Sequence
+import re
+from typing import Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -33,7 +35,7 @@ class TFRecordIndex:
                              "list of file names")
         if cache_dir is None:
             cache_dir = environment.text(environment.TFRECORD_INDEX_DIR, "")
-        with tf.init_scope(), tf.device("/cpu:0"):
+        with tf.init_scope(), tf.device("/cpu:0"), _plain_errors():
             counts, offsets, lengths = load_op_library().tf_record_index(
                 tf.constant(self.files, tf.string), tf.constant(cache_dir, tf.string))
         self.counts = counts.numpy()
@@ -69,7 +71,7 @@ class TFRecordIndex:
 
     def read(self, position: int) -> bytes:
         """Record `position` of the concatenation, read eagerly."""
-        with tf.init_scope(), tf.device("/cpu:0"):
+        with tf.init_scope(), tf.device("/cpu:0"), _plain_errors():
             return load_op_library().tf_record_read(
                 tf.constant(self.files), tf.constant(self.file_ids), tf.constant(self.offsets),
                 tf.constant(self.lengths), tf.constant(position, tf.int64)).numpy()
@@ -92,6 +94,24 @@ class TFRecordIndex:
                     f"TFRecord files of different feature specs: the record at offset 0 of "
                     f"{file} has features {_describe(features)}, the one of {first[0]} has "
                     f"{_describe(first[1])}; give the input files of one kind")
+
+
+# What an eager op's error adds around the kernel's message: the function it ran in (with this
+# worker's device name) and the op's name. Neither helps a user find the bad file.
+_EAGER_PREFIX = re.compile(r"^\{\{function_node [^}]*\}\}\s*")
+_EAGER_SUFFIX = re.compile(r"\s*\[Op:\w+\](?: name: \S*)?\s*$")
+
+
+@contextlib.contextmanager
+def _plain_errors() -> Iterator[None]:
+    """Re-raises an op's error (same class) with the kernel's message alone: the file and offset."""
+    try:
+        yield
+    except tf.errors.OpError as error:
+        message = _EAGER_SUFFIX.sub("", _EAGER_PREFIX.sub("", error.message))
+        if message == error.message:
+            raise
+        raise type(error)(error.node_def, error.op, message) from None
 
 
 def _example_features(record: bytes) -> dict[str, str] | None:

@@ -20,10 +20,19 @@ from tensorflow_elastic.rendezvous.client import Client
 from tensorflow_elastic.rendezvous.errors import (
     BlocklistedError, GenerationChangedError, InvalidArgumentError, JobCompleteError,
     NodeRemovedError, RendezvousError, RendezvousTimeoutError, RunFailedError)
-from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, Phase, RunStatus)
+
+
+def __getattr__(name: str):
+    # The server side loads on first use: a worker, which only needs the client, starts sooner.
+    if name == "Orchestrator":
+        from tensorflow_elastic.rendezvous.server import Orchestrator
+
+        return Orchestrator
+    raise AttributeError(f"module 'tensorflow_elastic.rendezvous' has no attribute '{name}'")
+
 
 __all__ = [
     "BlocklistedError", "Client", "GenerationChangedError", "HeartbeatInfo",

@@ -293,10 +293,8 @@ class ElasticRuntime:
     def sync(self, state) -> None:
         """Every member takes the state of the member furthest ahead; the new chief then says
         in one line what changed (TensorFlow's own lines about the aborted collectives stay in
-        the workers' log files). Members first tell each other how many replicas they drive:
-        the generation's collectives are sized by it."""
-        if self.strategy is not None:
-            self.strategy.extended.exchange_replica_counts(self.exchange)
+        the workers' log files). Members tell each other how many replicas they drive with
+        their state (sync_facts): the generation's collectives are sized by it."""
         state.sync()
         if self._change is not None:
             if self._change.cause:
@@ -351,6 +349,20 @@ class ElasticRuntime:
             return None, []
         extended = self.strategy.extended
         return extended.vote.tally, list(extended.input_cursors)
+
+    def sync_facts(self) -> dict[str, Any]:
+        """How many replicas this worker drives, told to every member at each sync (none before
+        there is a strategy)."""
+        if self.strategy is None:
+            return {}
+        return {"replicas": self.strategy.extended.local_replica_count}
+
+    def take_sync_facts(self, facts: dict[int, dict[str, Any]]) -> None:
+        """Sizes the generation's collectives by every member's replica count, before its first
+        collective (the sync's broadcast)."""
+        if self.strategy is not None:
+            self.strategy.extended.take_replica_counts(
+                {node: told.get("replicas") for node, told in facts.items()})
 
     def _extended(self):
         if self.strategy is None:

@@ -44,7 +44,7 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
 
     Each worker drives its local devices, one replica each (devices.py); workers
     may drive different numbers of them. The job's replicas are counted from every
-    member's count, which members exchange at every sync (exchange_replica_counts).
+    member's count, which members tell each other at every sync (take_replica_counts).
     """
 
     def __init__(self, container_strategy, node_id: int, members: Mapping[int, str],
@@ -130,15 +130,19 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self.replicas_variable.assign(self._num_replicas)
         self.first_replica_variable.assign(first)
 
-    def exchange_replica_counts(self, exchange: Callable[[str, bytes], dict[int, bytes]]) -> None:
-        """Learns every member's replica count through `exchange` (a small all-gather that
-        every member calls); before the generation's first collective, whose group size is
+    @property
+    def local_replica_count(self) -> int:
+        """How many replicas this worker drives (one per local device)."""
+        return self._num_devices_per_worker
+
+    def take_replica_counts(self, told: Mapping[int, object]) -> None:
+        """Every member's replica count as it told it at the sync (every member's
+        local_replica_count); before the generation's first collective, whose group size is
         the job's replica count."""
         counts = {}
-        for node, blob in exchange("replicas", str(self._num_devices_per_worker).encode()).items():
-            count = int(blob) if blob.isdigit() else 0
-            if count < 1:
-                raise ValueError(f"member {node} says it drives {blob!r} replicas")
+        for node, count in told.items():
+            if type(count) is not int or count < 1:
+                raise ValueError(f"member {node} says it drives {count!r} replicas")
             counts[node] = count
         if set(counts) != set(self._members):
             raise ValueError(f"replica counts came from {sorted(counts)}, not from the "

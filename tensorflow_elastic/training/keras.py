@@ -47,6 +47,18 @@ class _Traced:
 _traced: "weakref.WeakKeyDictionary[Any, _Traced]" = weakref.WeakKeyDictionary()
 
 
+class _EpochOver:
+    """What `stop_training` holds when the callback ends an epoch Keras cannot count: true, so
+    fit leaves the epoch, and not `True`, so a callback that stops the training (EarlyStopping,
+    TerminateOnNaN) replaces it and is not undone at the epoch's end."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
+_EPOCH_OVER = _EpochOver()
+
+
 class ElasticCallback(tf.keras.callbacks.Callback):
     """Resumes `fit` where `state` says training is, keeps `state.epoch` and `state.batch`
     current, commits every `commit_every` batches, and starts the training input of every
@@ -199,7 +211,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             # (tf-keras always, Keras 3 given steps_per_epoch): it reads the next epoch's order.
             self._input.seek(self._position(self.state.epoch + 1, 0), self.state.epoch + 1)
         if last and (self._stop_resumed_epoch or self._stop_every_epoch):
-            self.model.stop_training = True
+            if not self.model.stop_training:
+                self.model.stop_training = _EPOCH_OVER
         elif self.state.batch % self.commit_every == 0 and not last:
             self.state.commit()
 
@@ -210,9 +223,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"epoch {epoch} ended after {self.state.batch} of its {self.steps_per_epoch} "
                 f"batches: with Keras 3, leave steps_per_epoch out for a finite input (given, "
                 f"Keras reuses the epoch's iterator and its count after a resumed epoch)")
-        if self._stop_resumed_epoch or self._stop_every_epoch:
+        self._stop_resumed_epoch = False
+        if self.model.stop_training is _EPOCH_OVER:
             # The epoch is over, not the training.
-            self._stop_resumed_epoch = False
             self.model.stop_training = False
         self.state.epoch = epoch + 1
         self.state.batch = 0

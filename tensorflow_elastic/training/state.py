@@ -52,6 +52,12 @@ class Job(Protocol):
     def snapshot_extras(self) -> tuple[Any, list]:
         """(the vote's tally, the elastic inputs' cursors), which every snapshot also holds."""
 
+    def sync_facts(self) -> dict[str, Any]:
+        """What this member tells the others with its state at every sync (plain data)."""
+
+    def take_sync_facts(self, facts: dict[int, dict[str, Any]]) -> None:
+        """Every member's sync_facts(), by node id, before any variable moves."""
+
 
 class _Furthest(NamedTuple):
     """What a sync takes from the member furthest ahead."""
@@ -187,11 +193,15 @@ class State:
         Nothing local changes here, so a sync that fails half-way leaves the last
         commit intact.
         """
-        message = {"values": self._values, "commits": self._commits}
+        job = self._bound()
+        # The job's facts (the members' replica counts) travel with the state: one exchange.
+        message = {"values": self._values, "commits": self._commits, "job": job.sync_facts()}
         if layout is not None:
             message["layout"] = layout
-        states = {node_id: _state_message(blob) for node_id, blob in
-                  self._bound().exchange("state", plain_data.encode(message)).items()}
+        messages = {node_id: plain_data.decode(blob) for node_id, blob in
+                    job.exchange("state", plain_data.encode(message)).items()}
+        states = {node_id: _state_message(message) for node_id, message in messages.items()}
+        job.take_sync_facts({node_id: message["job"] for node_id, message in messages.items()})
         commits = {node_id: count for node_id, (_, count, _) in states.items()}
         source = furthest_ahead(commits)
         digests = None if layout is None else {node_id: digest for node_id, (_, _, digest)
@@ -206,14 +216,14 @@ class State:
         self.save()
 
 
-def _state_message(blob: bytes) -> tuple[dict[str, Any], int, bytes]:
-    """A member's (values, commits, layout digest or b"") from the bytes it exchanged, checked."""
-    message = plain_data.decode(blob)
-    if (not isinstance(message, dict) or set(message) - {"layout"} != {"values", "commits"}
+def _state_message(message: Any) -> tuple[dict[str, Any], int, bytes]:
+    """A member's (values, commits, layout digest or b"") from the message it exchanged, checked."""
+    if (not isinstance(message, dict) or set(message) - {"layout"} != {"values", "commits", "job"}
             or not isinstance(message["values"], dict) or type(message["commits"]) is not int
-            or message["commits"] < 0 or not isinstance(message.get("layout", b""), bytes)):
+            or message["commits"] < 0 or not isinstance(message.get("layout", b""), bytes)
+            or not isinstance(message["job"], dict)):
         raise plain_data.NotPlainData("a member's exchanged state is not {values, commits, "
-                                      "layout}")
+                                      "layout} with its job's facts")
     return message["values"], message["commits"], message.get("layout", b"")
 
 

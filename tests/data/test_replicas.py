@@ -65,3 +65,27 @@ def test_distribute_batch_cuts_every_leaf():
     ids, labels = distribute_batch((tf.range(5), tf.range(5) * 10), ["/cpu:0", "/cpu:0"])
     assert [v.numpy().tolist() for v in ids.values] == [[0, 1, 2], [3, 4]]
     assert [v.numpy().tolist() for v in labels.values] == [[0, 10, 20], [30, 40]]
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_a_step_traced_for_the_replica_spec_serves_every_split(elastic, devices):
+    """Traced once for `replica_element_spec` (as a newcomer does before it joins), a step
+    takes the worker's batches whatever the job's replica count, without another trace."""
+    traces = []
+
+    @tf.function
+    def step(batch):
+        traces.append(1)
+        return tf.nest.map_structure(tf.identity, batch)
+
+    dataset = None
+    for replicas in (devices, devices * 3, devices * 4):
+        dataset = elastic_dataset(tf.data.Dataset.range(48), 12, elastic.int64_variable(replicas),
+                                  elastic.int64_variable(0),
+                                  replica_devices=["/cpu:0"] * devices if devices > 1 else ())
+        if not traces:
+            step.get_concrete_function(dataset.replica_element_spec)
+        parts = step(next(iter(dataset)))
+        parts = parts.values if devices > 1 else [parts]
+        assert [len(p) for p in parts] == split_sizes(12, replicas)[:devices]
+    assert len(traces) == 1

@@ -55,6 +55,16 @@ def test_a_truncated_file(files, elastic):
         _first_batch(elastic, _pipeline(files))
 
 
+def test_the_error_is_the_kernel_message_alone(files):
+    """Without TensorFlow's function and op names around it: a user reads the file at once."""
+    with open(files[0], "r+b") as f:
+        f.truncate(os.path.getsize(files[0]) - 3)
+    with pytest.raises(tf.errors.DataLossError) as raised:
+        TFRecordIndex(files)
+    assert str(raised.value).startswith(f"TFRecord file {files[0]}: truncated file")
+    assert "function_node" not in str(raised.value) and "[Op:" not in str(raised.value)
+
+
 def test_a_corrupt_length(files, elastic):
     offset = _record_offsets(files[0])[2]
     with open(files[0], "r+b") as f:

@@ -47,6 +47,7 @@ OTHER_TOOLS_FLAGS = {
     "--help": "every command", "--version": "the launchers",
     "--election-timeout": "etcd", "--no-deps": "pip", "-v": "pip", "--replicas": "kubectl scale",
     "--learning_rate": "examples/ps_train.py",
+    "--workers": "examples/check_devices.py", "--cpu_devices": "examples/check_devices.py",
     "--local-addr": "torchrun", "--master-addr": "torchrun", "--master-port": "torchrun",
     "--node-rank": "torchrun", "--rdzv-backend": "torchrun", "--rdzv-conf": "torchrun",
     "--rdzv-id": "torchrun", "--redirects": "torchrun", "--tee": "torchrun",

@@ -114,16 +114,19 @@ def test_custom_loop_workers_of_one_and_two_devices(orchestrator, start_workers,
     _check_replica_slices(first + [newcomer], 12, 100)
 
 
-def test_keras_fit_two_devices_each_a_newcomer_of_one_joins_the_chief_killed(
+def test_keras_fit_two_devices_each_a_member_and_the_chief_killed_a_newcomer_of_one_joins(
         orchestrator, start_workers, subprocess_env):
     reference = _reference(subprocess_env, "keras", KERAS_ARGS)
-    first = _start(start_workers, orchestrator, [2, 2], "keras", KERAS_ARGS)
+    first = _start(start_workers, orchestrator, [2, 2, 2], "keras", KERAS_ARGS)
     for w in first:
         w.wait_for_step(3)
+    assert {w.steps[-1]["replicas"] for w in first} == {6}
+    member = max(first, key=lambda w: w.node_id)
+    member.signal(signal.SIGKILL)
     newcomer = _start(start_workers, orchestrator, [1], "keras", KERAS_ARGS)[0]
     newcomer.wait_for_step(newcomer.wait_for_step(1)["step"] + 3)
     assert newcomer.steps[-1]["replicas"] == 5
     chief = min(first, key=lambda w: w.node_id)
     chief.signal(signal.SIGKILL)
-    survivors = [w for w in first if w is not chief] + [newcomer]
+    survivors = [w for w in first if w not in (member, chief)] + [newcomer]
     _check(survivors, reference, 60)

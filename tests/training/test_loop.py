@@ -100,7 +100,8 @@ def _run(monkeypatch, standby: bool, commits: int, error=tf.errors.InvalidArgume
     session = _Session(standby, moved_on)
     rt = runtime_lib.ElasticRuntime(session, CollectiveInterrupter())
     rt.strategy = SimpleNamespace(extended=SimpleNamespace(regroup=lambda members, gen: None,
-                                                          exchange_replica_counts=lambda exchange: None))
+                                                          local_replica_count=1,
+                                                          take_replica_counts=lambda told: None))
     monkeypatch.setattr(runtime_lib, "current", lambda: rt)
     monkeypatch.setattr(cluster, "unreachable_peers", lambda members, node_id: [])
     state = _MismatchOnce(step=0)

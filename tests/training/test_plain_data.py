@@ -90,6 +90,12 @@ class _PeerSends:
     def snapshot_extras(self):
         return None, []
 
+    def sync_facts(self):
+        return {}
+
+    def take_sync_facts(self, facts):
+        pass
+
 
 def test_a_member_that_exchanges_a_crafted_pickle_is_refused_and_runs_nothing(tmp_path):
     marker = str(tmp_path / "pwned")

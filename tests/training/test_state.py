@@ -111,9 +111,10 @@ def test_newcomer_without_commits_is_never_the_sync_source():
 
 
 def _state(values, commits, like=None, layout=None):
-    """What a member exchanges at a sync: its Python values and commits, and the digest of its
-    state layout: `layout`'s, or the one in `like` (another member's message: the same layout)."""
-    message = {"values": values, "commits": commits}
+    """What a member exchanges at a sync: its Python values and commits, its job's facts (none
+    here), and the digest of its state layout: `layout`'s, or the one in `like` (another
+    member's message: the same layout)."""
+    message = {"values": values, "commits": commits, "job": {}}
     if layout is not None:
         message["layout"] = layouts_lib.digest(layout)
     elif like is not None and "layout" in plain_data.decode(like):
@@ -144,6 +145,12 @@ class _Job:
 
     def snapshot_extras(self):
         return None, []
+
+    def sync_facts(self):
+        return {}
+
+    def take_sync_facts(self, facts):
+        pass
 
 
 def _members_ahead(state, broadcast, events_file=None, layouts=None):
@@ -204,6 +211,27 @@ def test_a_sync_with_equal_layouts_gathers_the_members_in_one_exchange():
     # The layouts' digests travel with the values: every member waits for one gather only.
     assert topics == ["state"]
     assert weights.numpy().tolist() == [5.0]
+
+
+def test_the_jobs_facts_travel_with_the_state_in_its_one_exchange():
+    state = tfe.State(step=3)
+    topics, taken = [], []
+
+    def exchange(topic, blob):
+        topics.append(topic)
+        other = plain_data.decode(_state({"step": 7}, 7))
+        other["job"] = {"replicas": 2}
+        return {0: plain_data.encode(other), 1: blob}
+
+    job = _Job(exchange)
+    job.sync_facts = lambda: {"replicas": 1}
+    job.take_sync_facts = taken.append
+    state.bind(job)
+    state.sync()
+    # The members' replica counts size the generation's collectives: one gather for both.
+    assert topics == ["state"]
+    assert taken == [{0: {"replicas": 2}, 1: {"replicas": 1}}]
+    assert state.step == 7
 
 
 def test_sync_takes_the_values_and_variables_of_the_member_ahead():
