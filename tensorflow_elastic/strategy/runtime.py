@@ -52,13 +52,12 @@ MAX_REFORMS_WITHOUT_PROGRESS = 5
 T = TypeVar("T")
 
 _runtime: "ElasticRuntime | None" = None
+_runtime_lock = threading.Lock()
 
 
 class StepRestarts(Exception):
-    """Raised by a step after `ElasticRuntime.recover_in_step` when it cannot retry in place:
-    the loop calls the step again, with the job already re-formed and synced."""
-
-_runtime_lock = threading.Lock()
+    """Raised by a step after `ElasticRuntime.recover_in_step` when it cannot go on from where
+    it recovered: the loop calls the step again, with the job already re-formed and synced."""
 
 
 @dataclasses.dataclass
@@ -103,13 +102,14 @@ class ElasticRuntime:
         self.strategy: distribute_lib.Strategy | None = None
         # The change under way, from its first cause to the sync that ends it.
         self._change: _Change | None = None
-        # The training loop's: whether this node joined a running job, the commits when the
-        # current sync or step began, re-forms since the last commit, and the error a step's
-        # own recovery raised (the loop raises it as it is).
+        # The training loop's: whether it runs, whether this node joined a running job, the
+        # commits when the current sync or step began, re-forms since the last commit, and the
+        # error a recovery inside the step ended with (decided there: the loop raises it as it is).
+        self.training = False
         self._newcomer = False
         self._commits_before = 0
         self._reforms_without_progress = 0
-        self._unrecovered: BaseException | None = None
+        self._decided: BaseException | None = None
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership.
@@ -145,53 +145,60 @@ class ElasticRuntime:
 
     def train(self, state, step: Callable[[], T]) -> T:
         """`tfe.run`'s loop: sync, run `step()`, and on a fault go back to the last commit,
-        re-form and retry, until `step()` returns.
+        re-form, sync and retry, until `step()` returns.
 
         Only the sync and the step are inside the `try`: what goes wrong while the runtime
         recovers is not a fault of the training, and ends the job with its own error. A step
-        may also recover without returning (`recover_in_step`, Keras `fit`).
+        may also recover inside itself and go on (`recover_in_step`, Keras `fit`).
         """
         self._newcomer = self.session.standby
         self._begin_training(state)
         self._reforms_without_progress = 0
-        synced = False
-        while True:
-            self._commits_before = state.commits
-            in_step = False
-            try:
-                if not synced:
-                    self.sync(state)
-                synced = False
-                in_step = True
-                result = step()
-            except StepRestarts:
-                synced = True  # recovered inside the step, which cannot go on from there
-            except Exception as error:  # noqa: BLE001 - decide() sorts it
-                if error is self._unrecovered:
-                    raise  # decided, or broke the recovery, inside the step
-                self._recover(state, error, in_step)
-            else:
-                self.session.finish(state.commits)
-                return result
-
-    def recover_in_step(self, state, error: Exception) -> None:
-        """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
-        work (a Keras train function), as the loop would (go back to the last commit, re-form,
-        sync), and returns so that the step retries that piece in place, without leaving the
-        step and entering it again. Raises what the loop would raise; raise `StepRestarts`
-        after it when the step cannot retry in place (the loop then calls it again, synced)."""
+        self.training = True
         try:
-            self._recover(state, error, in_step=True)
+            self._sync_until_it_holds(state)
             while True:
                 self._commits_before = state.commits
                 try:
-                    self.sync(state)
-                    return
-                except Exception as sync_error:  # noqa: BLE001 - decide() sorts it
-                    self._recover(state, sync_error, in_step=False)
-        except BaseException as unrecovered:
-            self._unrecovered = unrecovered
+                    result = step()
+                except StepRestarts:
+                    continue  # recovered and synced inside the step, which starts again
+                except Exception as error:  # noqa: BLE001 - decide() sorts it
+                    if error is self._decided:
+                        raise  # decided inside the step, or broke its recovery there
+                    self._recover_step(state, error)
+                else:
+                    self.session.finish(state.commits)
+                    return result
+        finally:
+            self.training = False
+            self._decided = None
+
+    def recover_in_step(self, state, error: Exception) -> None:
+        """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
+        work (a Keras batch), as the loop would (go back to the last commit, re-form, sync),
+        then returns: the step goes on from the last commit, in place. Raises what the loop
+        would raise (the loop raises it again as it is); a step that cannot go on from the last
+        commit raises `StepRestarts` after it."""
+        try:
+            self._recover_step(state, error)
+        except BaseException as decided:
+            self._decided = decided
             raise
+
+    def _recover_step(self, state, error: Exception) -> None:
+        self._recover(state, error, in_step=True)
+        self._sync_until_it_holds(state)
+
+    def _sync_until_it_holds(self, state) -> None:
+        """The state sync, and after a sync that fails, a re-form and a sync again."""
+        while True:
+            self._commits_before = state.commits
+            try:
+                self.sync(state)
+                return
+            except Exception as error:  # noqa: BLE001 - decide() sorts it
+                self._recover(state, error, in_step=False)
 
     def _recover(self, state, error: BaseException, in_step: bool) -> None:
         """What the loop does about an error that ended a sync or a step: raises it, or leaves,

@@ -8,9 +8,9 @@ endless input): the strategy's `experimental_distribute_dataset`, which Keras
 calls, cuts the user's global batches elastically, and the callback starts
 every epoch's iterator at that position, so a `fit` called again after a
 re-form continues the interrupted pass: no example repeats or goes missing.
-Under Keras 3 a batch whose generation ended recovers inside the same `fit`
-call (its train function re-forms, restores and runs the batch again), which
-spares the re-entry into `fit` (a new input, a build, the metrics' reset).
+Under Keras 3 a batch whose generation ended runs again inside the same `fit`
+call after the recovery (fit_retry.py); `fit` is entered again when that is not
+safe (tf-keras, a newcomer at the re-form, commits or snapshots not at every batch).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import tensorflow as tf
 from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.tf_internals import private, require
+from tensorflow_elastic.training import fit_retry
 from tensorflow_elastic.training import warm_up as warm_up_lib
 from tensorflow_elastic.training.state import State
 # tfe.keras.MembershipSummaries
@@ -98,9 +99,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # An epoch's end is committed after every callback's on_epoch_end (file writers
         # included), at the next epoch's start or the training's end.
         self._epoch_end_pending = False
-        # The (epoch, state.batch) the batch in flight starts from: where a recovery inside
-        # `fit` must have brought the state back to, for the batch to run again in place.
-        self._batch_start = (0, 0)
+        # Whether a failed batch runs again inside this `fit` call (fit_retry.retries_in_fit).
+        self._retries_in_fit = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = runtime_lib.current().strategy
@@ -128,11 +128,10 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
         self._resume(passes)
-        if not _is_tf_keras(self.model) and _scale_losses_at_run_time():
-            # Its one traced train function serves every world size: a batch can run again in
-            # another generation. (tf-keras retraces per world size, in the next `fit`.)
-            self.model.train_function = _RecoveringTrainFunction(
-                _unwrapped(self.model.train_function), self)
+        keras_3 = not _is_tf_keras(self.model)
+        self._retries_in_fit = fit_retry.retries_in_fit(
+            keras_3, keras_3 and _scale_losses_at_run_time(), runtime_lib.current().training,
+            self.commit_every, self.state.snapshot_every)
 
     def _resume(self, passes: int | None) -> None:
         """Makes this `fit` start at the committed (epoch, batch) rather than its initial epoch."""
@@ -169,28 +168,22 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             self._input.seek(self._position(epoch, self._first_batch), epoch)
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-        self._batch_start = (self.state.epoch, batch if self._numbered_from_first
-                             else self._first_batch + batch)
+        if self._retries_in_fit:
+            start = (self.state.epoch, self.state.batch)
+            fit_retry.BatchRetry(self.model, lambda error: self._recover(error, start))
 
-    def recover(self, error: Exception) -> None:
-        """After `error` ended the batch in flight: re-forms, restores and syncs as `tfe.run`
-        would, then sets the input back to the batch, which runs again in this `fit` call; or
-        raises (the error, or StepRestarts when the committed state is not that batch's start:
-        `fit` is then entered again from it)."""
-        runtime = runtime_lib.current()
-        before = set(runtime.membership.members)
-        runtime.recover_in_step(self.state, error)
-        epoch, batch = self._batch_start
-        if (self.state.epoch, self.state.batch) != (epoch, batch):
-            raise runtime_lib.StepRestarts(
-                f"the state went back to epoch {self.state.epoch}, batch {self.state.batch}, "
-                f"not to the batch in flight (epoch {epoch}, batch {batch})")
-        if set(runtime.membership.members) - before:
-            # A newcomer starts its `fit` now: the members start theirs again too, so that every
-            # member runs the same collectives in the same order.
-            raise runtime_lib.StepRestarts("a newcomer joined at the re-form")
+    def _recover(self, error: Exception, batch_start: tuple[int, int]) -> None:
+        """After `error` ended the batch that started at `batch_start` (epoch, batch): recovers
+        as `tfe.run` does (back to the last commit, re-form, sync), then sets the input back
+        to that batch, which runs again in this `fit` call; or raises (what the loop decided,
+        or StepRestarts: every member enters `fit` again, from the synced state)."""
+        runtime_lib.current().recover_in_step(self.state, error)
+        synced_to = (self.state.epoch, self.state.batch)
+        why = fit_retry.why_fit_starts_again(self.state.last_sync_even, batch_start, synced_to)
+        if why is not None:
+            raise runtime_lib.StepRestarts(why)
         if self._input is not None:
-            self._input.seek(self._position(epoch, batch), epoch)
+            self._input.seek(self._position(*batch_start), batch_start[0])
 
     def _position(self, epoch: int, batch: int) -> int:
         """The input's global batch at (epoch, batch): within the pass, or the stream for an
@@ -234,7 +227,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
 
     def on_train_end(self, logs: dict | None = None) -> None:
         # A later fit without this callback starts where its own arguments say.
-        self.model.train_function = _unwrapped(self.model.train_function)
         if _is_tf_keras(self.model):
             self.model._training_state = None
         else:
@@ -250,29 +242,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 # Also when the membership changes at this commit: it saved the epoch's end.
                 if self.backup is not None and _is_chief():
                     self.state.write(self.backup)
-
-
-class _RecoveringTrainFunction:
-    """Keras 3's train function, whose failed batch recovers inside `fit` (ElasticCallback.recover)
-    and runs again; a fit without the callback, after a fit that ended with an error, gets the
-    plain function again (on_train_begin unwraps it)."""
-
-    def __init__(self, function: Callable[[Any], Any], callback: ElasticCallback):
-        self.function = function
-        self.callback = callback
-
-    def __call__(self, iterator: Any) -> Any:
-        while True:
-            try:
-                return self.function(iterator)
-            except tf.errors.OutOfRangeError:
-                raise  # the end of the input: Keras ends the epoch
-            except Exception as error:  # noqa: BLE001 - the runtime's decision sorts it
-                self.callback.recover(error)
-
-
-def _unwrapped(function: Any) -> Any:
-    return function.function if isinstance(function, _RecoveringTrainFunction) else function
 
 
 class _ResumeAt:
@@ -316,14 +285,15 @@ class ChiefOnly(tf.keras.callbacks.Callback):
             callback, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.TensorBoard))
         # tf-keras hands logs as tensors only to callbacks that take them.
         self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
-        # Whether the callback began this `fit` call here (a member that becomes chief during
-        # it begins it then).
+        # Whether a `fit` call is under way, and whether the callback began it here (a member
+        # that becomes the chief during it begins it then).
+        self._training = False
         self._begun = False
 
     def set_model(self, model: Any) -> None:
         # Keras 3's TensorBoard writes the model's summary here: on the chief only.
         super().set_model(model)
-        self._begun = False
+        self._training = self._begun = False
         if self._runs_here() or self._follows_best():
             self.callback.set_model(model)
 
@@ -340,6 +310,7 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         return bool(getattr(self.callback, "save_best_only", False))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._training = True
         if not self._runs_here():
             return
         if (self.state.epoch or self.state.batch) and hasattr(self.callback, "append"):
@@ -347,19 +318,22 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         self.callback.on_train_begin(logs)
         self._begun = True
 
-    def _runs_from_here(self) -> bool:
-        """Whether the callback runs here, after it began here if this member just became the
-        chief (its predecessor was lost during this `fit` call, which went on)."""
+    def _runs_from_here(self, hook: str, epoch: int | None = None) -> bool:
+        """Whether the callback runs here; on a member that became the chief during this
+        `fit` call (its predecessor was lost and the call went on) it first begins here the
+        training and the epoch under way (`epoch`, by default the state's)."""
         if not self._runs_here():
             return False
-        if not self._begun and self.model is not None:
+        if self._training and not self._begun:
             if not self._follows_best():
                 self.callback.set_model(self.model)
             self.on_train_begin()
+            if hook not in ("on_epoch_begin", "on_train_end"):
+                self.callback.on_epoch_begin(self.state.epoch if epoch is None else epoch)
         return True
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._runs_from_here():
+        if self._runs_from_here("on_epoch_end", epoch):
             self.callback.on_epoch_end(epoch, logs)
         elif self._follows_best():
             # A member that becomes chief later saves only what beats the best saved so far.
@@ -373,9 +347,15 @@ class ChiefOnly(tf.keras.callbacks.Callback):
                 self.callback.best = current
 
 
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._runs_from_here("on_train_end"):
+            self.callback.on_train_end(logs)
+        self._training = False
+
+
 def _on_chief(name: str) -> Callable[..., None]:
     def hook(self: ChiefOnly, *args: Any, **kwargs: Any) -> None:
-        if self._runs_from_here():
+        if self._runs_from_here(name):
             getattr(self.callback, name)(*args, **kwargs)
 
     hook.__name__ = name
@@ -391,7 +371,7 @@ def _asks_wrapped(name: str) -> Callable[..., bool]:
 
 
 for _hook in dir(tf.keras.callbacks.Callback):
-    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end"):
+    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end", "on_train_end"):
         setattr(ChiefOnly, _hook, _on_chief(_hook))
     elif _hook.startswith("_implements_"):
         # tf-keras calls a callback's batch hooks (and waits for each batch's logs) only

@@ -98,6 +98,7 @@ class State:
         object.__setattr__(self, "_saved_commits", 0)
         object.__setattr__(self, "snapshot_every", snapshot_every)
         object.__setattr__(self, "_job", None)
+        object.__setattr__(self, "_last_sync_even", False)
 
     def bind(self, job: Job) -> None:
         """Makes this state part of `job` (tensorflow_elastic.run does it)."""
@@ -133,6 +134,12 @@ class State:
             if isinstance(live, int) and isinstance(committed, int):
                 return max(0, live - committed)
         return 0
+
+    @property
+    def last_sync_even(self) -> bool:
+        """Whether every member already held, at its own last commit, the state the last sync
+        gave it (one commit count everywhere, no newcomer): a fact every member shares."""
+        return self._last_sync_even
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Callbacks run after every re-form, e.g. to rescale the learning rate with the world size."""
@@ -213,6 +220,7 @@ class State:
         self._values.update(furthest.values)
         # The commit count is the job's global step count.
         self._commits = furthest.commits
+        self._last_sync_even = not furthest.receivers
         self.save()
 
 
