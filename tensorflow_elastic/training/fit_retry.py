@@ -48,11 +48,15 @@ def why_fit_starts_again(last_sync_even: bool, batch_start: tuple[int, int],
 class BatchRetry:
     """The model's train function for one batch: a failure goes to `recover`, which returns
     when the batch can run again, else raises. It puts the plain function back on the model
-    as soon as it returns or raises, so a `fit` that ends in an error leaves none of it."""
+    as soon as it returns or raises, so a `fit` that ends in an error leaves the plain one
+    (unless a callback after the elastic one failed the batch's beginning, before the train
+    function ran: the next batch's wrapper then wraps the plain one)."""
 
     def __init__(self, model: Any, recover: Callable[[Exception], None]):
         self.model = model
-        self.function = model.train_function
+        function = model.train_function
+        # One a callback's error before the train function ran left on the model.
+        self.function = function.function if isinstance(function, BatchRetry) else function
         self.recover = recover
         model.train_function = self
 
