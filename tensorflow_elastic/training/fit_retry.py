@@ -33,9 +33,10 @@ def why_fit_starts_again(last_sync_even: bool, batch_start: tuple[int, int],
     member then enters `fit` again), or None.
 
     The members decide alike from what they all know after the sync. An uneven sync means a
-    newcomer (its `fit` begins now, and Keras 3 begins one with collectives of its own, a
-    reduce of the first batch with several devices per worker) or members at different
-    commits (one of them finished the failed batch: the batch in flight differs between them).
+    newcomer (its `fit` begins now, and Keras 3 begins one with collectives of its own: the
+    metrics' reset reads each one back across the workers, and with several devices a worker
+    the first batch is reduced) or members at different commits (one of them finished the
+    failed batch: the batch in flight differs between them).
     """
     if not last_sync_even:
         return "a newcomer joined, or the members were at different commits"

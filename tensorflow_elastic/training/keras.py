@@ -266,8 +266,9 @@ class ChiefOnly(tf.keras.callbacks.Callback):
     (ModelCheckpoint, TensorBoard, CSVLogger), which every worker would write otherwise.
 
     The chief can change at a re-form; the new chief's `callback` takes over
-    at its next hook (it is given the model and begins training then, within
-    the same `fit` call), and a CSVLogger then appends to the file its
+    at its next hook (within the same `fit` call when the call goes on after
+    the re-form: it is given the model and begins the training and the epoch
+    there), and a CSVLogger then appends to the file its
     predecessor wrote (`state` says whether training resumed). tf-keras'
     ModelCheckpoint and TensorBoard run on every worker: they write on the
     chief only by themselves (non-chiefs into a temporary directory, following
@@ -346,7 +347,6 @@ class ChiefOnly(tf.keras.callbacks.Callback):
             if private(self.callback, "_is_improvement")(current, self.callback.best):
                 self.callback.best = current
 
-
     def on_train_end(self, logs: dict | None = None) -> None:
         if self._runs_from_here("on_train_end"):
             self.callback.on_train_end(logs)
@@ -371,7 +371,8 @@ def _asks_wrapped(name: str) -> Callable[..., bool]:
 
 
 for _hook in dir(tf.keras.callbacks.Callback):
-    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end", "on_train_end"):
+    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end",
+                                                  "on_train_end"):
         setattr(ChiefOnly, _hook, _on_chief(_hook))
     elif _hook.startswith("_implements_"):
         # tf-keras calls a callback's batch hooks (and waits for each batch's logs) only
