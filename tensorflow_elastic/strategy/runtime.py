@@ -110,6 +110,10 @@ class ElasticRuntime:
         self._commits_before = 0
         self._reforms_without_progress = 0
         self._decided: BaseException | None = None
+        # Whether this node recovers inside its step, and whether every member did at the last
+        # sync (the members tell each other with the state: sync_facts).
+        self._recovering_in_step = False
+        self._every_member_in_step = False
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership.
@@ -174,17 +178,22 @@ class ElasticRuntime:
             self.training = False
             self._decided = None
 
-    def recover_in_step(self, state, error: Exception) -> None:
+    def recover_in_step(self, state, error: Exception) -> bool:
         """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
-        work (a Keras batch), as the loop would (go back to the last commit, re-form, sync),
-        then returns: the step goes on from the last commit, in place. Raises what the loop
-        would raise (the loop raises it again as it is); a step that cannot go on from the last
-        commit raises `StepRestarts` after it."""
+        work (a Keras batch), as the loop would (go back to the last commit, re-form, sync).
+        Returns whether every member recovered inside its step (the sync told them all): only
+        then may the step go on from the last commit in place, every member alike; else it
+        raises `StepRestarts`, as every member does. Raises what the loop would raise (the loop
+        raises it again as it is)."""
+        self._recovering_in_step = True
         try:
             self._recover_step(state, error)
         except BaseException as decided:
             self._decided = decided
             raise
+        finally:
+            self._recovering_in_step = False
+        return self._every_member_in_step
 
     def _recover_step(self, state, error: Exception) -> None:
         self._recover(state, error, in_step=True)
@@ -358,15 +367,18 @@ class ElasticRuntime:
         return extended.vote.tally, list(extended.input_cursors)
 
     def sync_facts(self) -> dict[str, Any]:
-        """How many replicas this worker drives, told to every member at each sync (none before
-        there is a strategy)."""
+        """How many replicas this worker drives, and whether it recovers inside its step, told
+        to every member at each sync (none before there is a strategy)."""
         if self.strategy is None:
             return {}
-        return {"replicas": self.strategy.extended.local_replica_count}
+        return {"replicas": self.strategy.extended.local_replica_count,
+                "in_step": self._recovering_in_step}
 
     def take_sync_facts(self, facts: dict[int, dict[str, Any]]) -> None:
         """Sizes the generation's collectives by every member's replica count, before its first
-        collective (the sync's broadcast)."""
+        collective (the sync's broadcast), and notes whether every member recovers inside its
+        step."""
+        self._every_member_in_step = all(told.get("in_step", False) for told in facts.values())
         if self.strategy is not None:
             self.strategy.extended.take_replica_counts(
                 {node: told.get("replicas") for node, told in facts.items()})

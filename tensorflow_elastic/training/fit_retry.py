@@ -27,19 +27,23 @@ def retries_in_fit(keras_3: bool, one_trace_for_every_world: bool, in_elastic_ru
             and snapshot_every == 1)
 
 
-def why_fit_starts_again(last_sync_even: bool, batch_start: tuple[int, int],
-                         synced_to: tuple[int, int]) -> str | None:
+def why_fit_starts_again(every_member_in_fit: bool, last_sync_even: bool,
+                         batch_start: tuple[int, int], synced_to: tuple[int, int]) -> str | None:
     """After a recovery inside `fit`: why the failed batch cannot run again in place (every
     member then enters `fit` again), or None.
 
-    The members decide alike from what they all know after the sync. An uneven sync means a
-    newcomer (its `fit` begins now, and Keras 3 begins one with collectives of its own: the
-    metrics' reset reads each one back across the workers, and with several devices a worker
-    the first batch is reduced) or members at different commits (one of them finished the
-    failed batch: the batch in flight differs between them).
+    The members decide alike from what the sync told them all. A member that did not recover
+    inside its `fit` (a newcomer, one whose failure struck outside a batch, as in the sync
+    that admits a newcomer) begins a `fit` call next, and Keras 3 begins one with collectives
+    of its own (the metrics' reset reads each one back across the workers; with several
+    devices a worker the first batch is reduced): every member must begin one with it. An
+    uneven sync means members at different commits (one of them finished the failed batch:
+    the batch in flight differs between them).
     """
+    if not every_member_in_fit:
+        return "a member (a newcomer, or one that failed outside a batch) begins its fit now"
     if not last_sync_even:
-        return "a newcomer joined, or the members were at different commits"
+        return "the members were at different commits"
     if synced_to != batch_start:
         return (f"the state is at epoch {synced_to[0]}, batch {synced_to[1]}, not where the batch "
                 f"in flight started (epoch {batch_start[0]}, batch {batch_start[1]})")

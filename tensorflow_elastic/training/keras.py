@@ -177,9 +177,10 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         as `tfe.run` does (back to the last commit, re-form, sync), then sets the input back
         to that batch, which runs again in this `fit` call; or raises (what the loop decided,
         or StepRestarts: every member enters `fit` again, from the synced state)."""
-        runtime_lib.current().recover_in_step(self.state, error)
+        every_member_in_fit = runtime_lib.current().recover_in_step(self.state, error)
         synced_to = (self.state.epoch, self.state.batch)
-        why = fit_retry.why_fit_starts_again(self.state.last_sync_even, batch_start, synced_to)
+        why = fit_retry.why_fit_starts_again(every_member_in_fit, self.state.last_sync_even,
+                                             batch_start, synced_to)
         if why is not None:
             raise runtime_lib.StepRestarts(why)
         if self._input is not None:

@@ -24,9 +24,10 @@ BATCHES = 5
 
 class _Job(_Session):
     """The fake session, with the commits' reports and the state's exchange: this node alone,
-    or with a newcomer at the `newcomer_at`-th exchange."""
+    or at the `other_at`-th exchange with another member, whose message `other(this node's)`
+    gives."""
 
-    newcomer_at = None
+    other_at = None
     exchanges = 0
 
     def report_step(self, commits):
@@ -35,10 +36,18 @@ class _Job(_Session):
     def exchange(self, topic, value):
         self.exchanges += 1
         told = {self.node_id: value}
-        if self.exchanges == self.newcomer_at:
-            told[9] = plain_data.encode({"values": {"epoch": 0, "batch": 0}, "commits": 0,
-                                         "job": {}})
+        if self.exchanges == self.other_at:
+            told[9] = plain_data.encode(self.other(plain_data.decode(value)))
         return told
+
+
+def _newcomer(mine):
+    return {"values": mine["values"], "commits": 0, "job": {}}
+
+
+def _member_outside_its_fit(mine):
+    """At this node's commit, its failure in the sync that admits a newcomer, say."""
+    return {**mine, "job": {**mine["job"], "in_step": False}}
 
 
 @pytest.fixture
@@ -109,12 +118,14 @@ def test_a_failed_batch_runs_again_in_the_same_fit_call(job):
     assert job.reforms == 1 and model.train_function is plain
 
 
-def test_every_member_enters_fit_again_after_an_uneven_sync(job):
-    """A newcomer at the re-form: fit starts again, on the plain train function."""
+@pytest.mark.parametrize("other", [_newcomer, _member_outside_its_fit])
+def test_every_member_enters_fit_again_when_one_did_not_recover_inside_its_fit(job, other):
+    """Its `fit` begins next, with collectives of its own: every member's begins again, on the
+    plain train function."""
     model, batches, fits = _model(), _Batches(), []
     _failing(model, at_calls={3})
     plain = model.train_function
-    job.newcomer_at = 2  # the first sync is the job's start, the second the recovery's
+    job.other_at, job.other = 2, other  # the first sync is the job's start, then the recovery's
     assert _train(model, batches, fits)(tfe.State(epoch=0, batch=0)) == (1, 0)
     assert fits == [plain, plain] and model.train_function is plain
     # Batches 0 and 1 in the first fit, the resumed epoch's rest (numbered from 0) in the next.
@@ -166,11 +177,13 @@ def test_when_a_failed_batch_runs_again_inside_fit(keras_3, one_trace, in_run, c
                                     snapshot_every) is retries
 
 
-@pytest.mark.parametrize("even, start, synced_to, in_place", [
-    (True, (2, 5), (2, 5), True),
-    (False, (2, 5), (2, 5), False),   # a newcomer, or a member that had finished the batch
-    (True, (2, 5), (2, 4), False),
+@pytest.mark.parametrize("all_in_fit, even, start, synced_to, in_place", [
+    (True, True, (2, 5), (2, 5), True),
+    (False, True, (2, 5), (2, 5), False),   # a member (a newcomer) begins its fit call
+    (True, False, (2, 5), (2, 5), False),   # a member had finished the batch
+    (True, True, (2, 5), (2, 4), False),
 ])
-def test_after_the_recovery_the_batch_runs_again_in_place_only_where_it_started(
-        even, start, synced_to, in_place):
-    assert (fit_retry.why_fit_starts_again(even, start, synced_to) is None) is in_place
+def test_after_the_recovery_the_batch_runs_again_in_place_only_where_every_member_can(
+        all_in_fit, even, start, synced_to, in_place):
+    assert (fit_retry.why_fit_starts_again(all_in_fit, even, start, synced_to) is None) \
+        is in_place
