@@ -10,7 +10,8 @@ every epoch's iterator at that position, so a `fit` called again after a
 re-form continues the interrupted pass: no example repeats or goes missing.
 Under Keras 3 a batch whose generation ended runs again inside the same `fit`
 call after the recovery (fit_retry.py); `fit` is entered again when that is not
-safe (tf-keras, a newcomer at the re-form, commits or snapshots not at every batch).
+safe (tf-keras, a member that did not recover inside its `fit`, such as a
+newcomer, commits or snapshots not at every batch).
 """
 
 from __future__ import annotations
