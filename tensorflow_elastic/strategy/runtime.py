@@ -185,7 +185,7 @@ class ElasticRuntime:
         then may the step go on from the last commit in place, every member alike; else it
         raises `StepRestarts`, as every member does. Raises what the loop would raise (the loop
         raises it again as it is)."""
-        self._recovering_in_step = True
+        self._recovering_in_step, self._every_member_in_step = True, False
         try:
             self._recover_step(state, error)
         except BaseException as decided:
