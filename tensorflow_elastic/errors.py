@@ -15,6 +15,11 @@ class ElasticJobFailed(RuntimeError):
     """The job cannot go on (e.g. fewer than min_nodes for too long); the message says why."""
 
 
+class NoCommittedState(ElasticJobFailed):
+    """Every member furthest ahead ran steps past its last commit and wrote variables the
+    commit does not hold: nobody can give the job its last commit back."""
+
+
 class StateLayoutMismatch(RuntimeError):
     """This node's state variables differ from the members' (names, shapes or dtypes): it cannot
     take their state, so it leaves; the members re-form without it."""

@@ -26,7 +26,8 @@ class SnapshotError(RuntimeError):
 def _create(variables: Sequence[tf.Variable]):
     """A C++ snapshot of `variables` (all on one device), released when it is collected."""
     binding = load_binding()
-    with tf.device(variables[0].handle.device):
+    # Eagerly, also when a step being traced makes the state hold more variables.
+    with tf.init_scope(), tf.device(variables[0].handle.device):
         snapshot_id = int(load_op_library().elastic_variable_snapshot([v.handle for v in variables]))
     return binding.Snapshot(snapshot_id)
 

@@ -22,6 +22,7 @@ from tensorflow.python.framework.tensor import Tensor
 from tensorflow.python.ops import array_ops, collective_ops, cond, math_ops, variables
 from tensorflow.python.util import nest
 
+from tensorflow_elastic.strategy import ordering
 from tensorflow_elastic.tf_internals import require, require_read
 
 # Group keys are spaced per generation so that no two generations share one.
@@ -36,6 +37,7 @@ SYNC_GROUPS_PER_GENERATION = 1 << 10
 require(cross_device_ops_lib.CollectiveAllReduce, "_all_reduce", "_num_between_graph_workers")
 require_read(cross_device_utils.CollectiveReplicaLauncher, "_group_key", "_group_size",
              "_collective_keys")
+require(cross_device_utils.CollectiveReplicaLauncher, "_all_gather")
 require_read(cross_device_ops_lib.CollectiveAllReduce, "_launchers", "_limited_nccl")
 require(cross_device_utils.CollectiveKeys(), "_lock", "_instance_key_table")
 require(cross_device_utils, "INSTANCE_KEY_START_NUMBER")
@@ -137,6 +139,16 @@ class ElasticReplicaLauncher(cross_device_utils.CollectiveReplicaLauncher):
     def use_collective_keys(self, collective_keys: cross_device_utils.CollectiveKeys) -> None:
         """Instance keys from now on come from `collective_keys` (a new generation's)."""
         self._collective_keys = collective_keys
+
+    def all_reduce(self, input_tensor, control_input=None, options=None):
+        reduced = super().all_reduce(input_tensor, control_input, options)
+        ordering.collective_created(reduced)
+        return reduced
+
+    def _all_gather(self, input_tensor, options):
+        gathered = super()._all_gather(input_tensor, options)
+        ordering.collective_created(gathered)
+        return gathered
 
     def all_gather(self, input_tensor, axis, options=None):
         """Every member's `input_tensor` concatenated along `axis` (lengths along it may differ).
@@ -395,6 +407,8 @@ class VariableBroadcaster:
         # call that transfers nothing instantiates everything a transfer runs.
         @def_function.function(autograph=False)
         def run(active):
+            # The sync writes every variable outside any step: not a step's unordered write.
+            ordering.exempt_current_graph()
             return cond.cond(active, transfer, lambda: self._group_size.read())
 
         return run

@@ -366,6 +366,10 @@ class ElasticRuntime:
         extended = self.strategy.extended
         return extended.vote.tally, list(extended.input_cursors)
 
+    def step_order(self):
+        """The strategy's order of the steps' writes (None before there is a strategy)."""
+        return None if self.strategy is None else self.strategy.extended.step_order
+
     def sync_facts(self) -> dict[str, Any]:
         """How many replicas this worker drives, and whether it recovers inside its step, told
         to every member at each sync (none before there is a strategy)."""

@@ -23,7 +23,7 @@ from tensorflow.python.training import server_lib
 from tensorflow.python.util import nest
 
 from tensorflow_elastic.data.replicas import InputSlices
-from tensorflow_elastic.strategy import cluster, collectives, runtime
+from tensorflow_elastic.strategy import cluster, collectives, ordering, runtime
 from tensorflow_elastic.strategy import devices as devices_lib
 from tensorflow_elastic.strategy.agreement import ReformVote
 from tensorflow_elastic.tf_internals import private, require
@@ -77,6 +77,8 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
         self._replica_counts: dict[int, int] = {}
         self._num_replicas = len(local_devices) * len(members)
         self.vote = ReformVote(self._worker_device, self._wants_reform)
+        self.step_order = ordering.StepOrder(self._worker_device)
+        ordering.use(self.step_order)
         self._collective_keys = collectives.collective_keys_for(self._generation)
         world = len(members)
         self._cross_device_ops = collectives.ElasticCollectiveAllReduce(

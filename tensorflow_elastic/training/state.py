@@ -1,9 +1,12 @@
-"""What survives a membership change: committed snapshots, restored on failure, synced to newcomers.
+"""What survives a membership change: committed state, restored on failure, synced to newcomers.
 
 A tiny API in the spirit of Horovod's elastic State: `commit()` at step
 boundaries, `restore()` after a failure, `sync()` after every re-form (the state
 of the member furthest ahead goes to everyone), and reset callbacks for what depends on the
-world size.
+world size. The strategy orders a traced step's variable writes after all of its collectives
+(strategy/ordering.py), so a failed step leaves those variables as the last commit left them:
+a commit holds a copy-on-write snapshot only of the variables whose writes it cannot order
+(and of the elastic inputs' cursors).
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ import copy
 import json
 import logging
 import time
+import weakref
 from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 import tensorflow as tf
+from tensorflow.python.framework import ops
 
-from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
+from tensorflow_elastic.errors import GenerationEnded, NoCommittedState, StateLayoutMismatch
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.ops.variable_snapshot import VariableSnapshot
 from tensorflow_elastic.training import checkpoints, layouts, plain_data
@@ -52,6 +57,9 @@ class Job(Protocol):
     def snapshot_extras(self) -> tuple[Any, list]:
         """(the vote's tally, the elastic inputs' cursors), which every snapshot also holds."""
 
+    def step_order(self) -> Any:
+        """The strategy's StepOrder (strategy/ordering.py), or None before there is a strategy."""
+
     def sync_facts(self) -> dict[str, Any]:
         """What this member tells the others with its state at every sync (plain data)."""
 
@@ -82,8 +90,11 @@ class State:
     `snapshot_every` (keyword only, default 1) is the commit policy: every
     commit is a point where the membership may change, but only every
     `snapshot_every`-th one saves a snapshot to roll back to after a failure.
-    A larger value spares large models most of the snapshot's cost (for
-    variables, a copy of each updated buffer per snapshot) at the price of up to
+    With 1, a TensorFlowState's commit holds only the variables whose writes the
+    strategy cannot order after the step's collectives (see TensorFlowState); a
+    larger value holds every variable at every `snapshot_every`-th commit, for
+    steps whose writes cannot be ordered: it spares them most of the snapshot's
+    cost (a copy of each updated buffer per snapshot) at the price of up to
     `snapshot_every` steps redone after a crash; a join or a leave still loses
     nothing. Measurements: benchmarks/RESULTS.md.
     """
@@ -99,6 +110,12 @@ class State:
         object.__setattr__(self, "snapshot_every", snapshot_every)
         object.__setattr__(self, "_job", None)
         object.__setattr__(self, "_last_sync_even", False)
+        # Whether the last restore left variables that a failed step may have written (see
+        # TensorFlowState.restore): this member then takes the state of one that did not.
+        object.__setattr__(self, "_dirty", False)
+        # Whether this node came to join a running job and holds none of its state yet (no
+        # commit of its own, none synced): it is never a sync's source (see furthest_ahead).
+        object.__setattr__(self, "_joining", False)
 
     def bind(self, job: Job) -> None:
         """Makes this state part of `job` (tensorflow_elastic.run does it)."""
@@ -188,6 +205,7 @@ class State:
 
     def prepare_to_join(self) -> None:
         """Builds, before a node joins, what its first sync runs (the members wait for that)."""
+        object.__setattr__(self, "_joining", self._commits == 0)
 
     def _gather_furthest_ahead(self, layout: bytes | None = None) -> _Furthest:
         """The id, Python values and commits of the member with the most commits (and with
@@ -205,53 +223,104 @@ class State:
         message = {"values": self._values, "commits": self._commits, "job": job.sync_facts()}
         if layout is not None:
             message["layout"] = layout
+        if self._dirty:
+            message["dirty"] = True
+        if self._joining:
+            message["joining"] = True
         messages = {node_id: plain_data.decode(blob) for node_id, blob in
                     job.exchange("state", plain_data.encode(message)).items()}
         states = {node_id: _state_message(message) for node_id, message in messages.items()}
         job.take_sync_facts({node_id: message["job"] for node_id, message in messages.items()})
-        commits = {node_id: count for node_id, (_, count, _) in states.items()}
-        source = furthest_ahead(commits)
-        digests = None if layout is None else {node_id: digest for node_id, (_, _, digest)
-                                               in states.items()}
-        return _Furthest(source, *states[source][:2], receivers=needing_state(commits, source),
-                         layouts=digests)
+        commits = {node_id: told.commits for node_id, told in states.items()}
+        dirty = {node_id for node_id, told in states.items() if told.dirty}
+        joining = {node_id for node_id, told in states.items() if told.joining}
+        source = furthest_ahead(commits, dirty, joining)
+        digests = None if layout is None else {node_id: told.layout
+                                               for node_id, told in states.items()}
+        return _Furthest(source, states[source].values, states[source].commits,
+                         receivers=needing_state(commits, source, dirty), layouts=digests)
 
     def _adopt(self, furthest: _Furthest) -> None:
         self._values.update(furthest.values)
         # The commit count is the job's global step count.
         self._commits = furthest.commits
         self._last_sync_even = not furthest.receivers
+        self._dirty = False
+        self._joining = False
         self.save()
 
 
-def _state_message(message: Any) -> tuple[dict[str, Any], int, bytes]:
-    """A member's (values, commits, layout digest or b"") from the message it exchanged, checked."""
-    if (not isinstance(message, dict) or set(message) - {"layout"} != {"values", "commits", "job"}
+class _Told(NamedTuple):
+    """What a member told at a sync (see _gather_furthest_ahead)."""
+
+    values: dict[str, Any]
+    commits: int
+    layout: bytes  # its layout digest, or b""
+    dirty: bool
+    joining: bool
+
+
+def _state_message(message: Any) -> _Told:
+    """A member's state from the message it exchanged, checked."""
+    if (not isinstance(message, dict)
+            or set(message) - {"layout", "dirty", "joining"} != {"values", "commits", "job"}
             or not isinstance(message["values"], dict) or type(message["commits"]) is not int
             or message["commits"] < 0 or not isinstance(message.get("layout", b""), bytes)
-            or not isinstance(message["job"], dict)):
+            or not isinstance(message["job"], dict) or message.get("dirty", True) is not True
+            or message.get("joining", True) is not True):
         raise plain_data.NotPlainData("a member's exchanged state is not {values, commits, "
                                       "layout} with its job's facts")
-    return message["values"], message["commits"], message.get("layout", b"")
+    return _Told(message["values"], message["commits"], message.get("layout", b""),
+                 "dirty" in message, "joining" in message)
 
 
-def furthest_ahead(commits: dict[int, int]) -> int:
-    """The node whose state every member takes at a sync: the most commits, the lowest id on ties."""
-    return max(commits, key=lambda node_id: (commits[node_id], -node_id))
+def furthest_ahead(commits: dict[int, int], dirty: Iterable[int] = (),
+                   joining: Iterable[int] = ()) -> int:
+    """The node whose state every member takes at a sync: the most commits, the lowest id on
+    ties, among the members that hold their commit (not `dirty`, see needing_state).
+
+    A dirty member loses only to a clean one at the same or a later commit. A node `joining`
+    a running job with no state of its own (its first sync) never is the source: when every
+    member is one, the members that held the job's state finished or were lost, and starting
+    the job afresh from a newcomer's values would be a silent restart. When every member at
+    the most commits is dirty, nobody holds the job's last commit: taking an older one would
+    silently redo committed steps. Both end the job (NoCommittedState).
+    """
+    joining, dirty = set(joining), set(dirty)
+    trained = {node_id: count for node_id, count in commits.items() if node_id not in joining}
+    if not trained:
+        raise NoCommittedState(
+            f"every member ({sorted(commits)}) came to join the running job and none holds its "
+            f"state: the members that held it finished or were lost; no member holds the job's "
+            f"last commit")
+    most = max(trained.values())
+    holding = [node_id for node_id, count in trained.items()
+               if count == most and node_id not in dirty]
+    if not holding:
+        raise NoCommittedState(
+            f"every member at commit {most} ran steps past it and wrote variables that commit "
+            f"does not hold (several step calls between two commits); no member holds the job's "
+            f"last commit: commit after every step call (snapshot_every=1 does), or restart "
+            f"from a backup")
+    return min(holding)
 
 
-def needing_state(commits: dict[int, int], source: int) -> list[int]:
+def needing_state(commits: dict[int, int], source: int, dirty: Iterable[int] = ()) -> list[int]:
     """The members whose variables may differ from the `source`'s: every member at another
-    commit, and at the start (no commit yet) every member.
+    commit, every `dirty` member, and at the start (no commit yet) every member.
 
     Members train in lockstep (every all-reduce gives all of them the same
     values), and a member's variables at a sync are those of its last commit
-    (a failure restores it, a planned change happens at a commit): the same
-    commit count means the same values. A newcomer has none, and at the start
-    each member's initial values may differ.
+    (a failed step wrote none of its ordered variables, a restore gives back the
+    others, a planned change happens at a commit): the same commit count means
+    the same values. A dirty member's failed step wrote variables its commit does
+    not hold (it ran several steps between two commits); a newcomer has none, and
+    at the start each member's initial values may differ.
     """
+    dirty = set(dirty)
     return sorted(node_id for node_id, count in commits.items()
-                  if node_id != source and (count != commits[source] or count == 0))
+                  if node_id != source and (count != commits[source] or count == 0
+                                            or node_id in dirty))
 
 
 # Horovod's name for the state of plain Python objects.
@@ -259,15 +328,30 @@ ObjectState = State
 
 
 class TensorFlowState(State):
-    """Variables plus Python attributes; a commit references the variables' buffers, copying nothing."""
+    """Variables plus Python attributes; a commit references buffers, copying nothing.
+
+    With the default commit policy a commit holds (copy-on-write) only the variables that a
+    failed step may have written: those whose writes the strategy cannot order after the
+    step's collectives (strategy/ordering.py: written inside a loop of steps, or read back
+    and reduced later in the step, or in a traced function without collectives, or outside
+    traced functions), and the elastic inputs' cursors. The others stay as the last commit
+    left them when a step fails, so a restore leaves them alone.
+    """
 
     def __init__(self, variables: Iterable[tf.Variable] = (), **values: Any):
         super().__init__(**values)
         object.__setattr__(self, "_variables", list(variables))
         object.__setattr__(self, "_snapshot", None)
-        object.__setattr__(self, "_first_copies", [])
-        object.__setattr__(self, "_built_cursors", -1)
-        object.__setattr__(self, "_built_tally", None)
+        # The variables the snapshot holds, and where each one's first copy lies in it.
+        object.__setattr__(self, "_held", [])
+        object.__setattr__(self, "_first_copies", {})
+        # Snapshots of variables that became unordered while a step was traced, taken then
+        # (before the step ran); merged into the snapshot at the next commit.
+        object.__setattr__(self, "_added", [])
+        # What the snapshot was built for: (cursors, tally, the step order's version).
+        object.__setattr__(self, "_built_for", None)
+        # The step order's count of applied steps at the last snapshot (None before the first).
+        object.__setattr__(self, "_applied", None)
         # (the variables' ids, their layout, its digest): a variable's name, shape and dtype
         # never change, so every sync after the first reuses them (a sync is a recovery's path).
         object.__setattr__(self, "_described", ((), [], b""))
@@ -286,29 +370,75 @@ class TensorFlowState(State):
     def _snapshot_extras(self) -> tuple[Any, list]:
         return (None, []) if self._job is None else self._job.snapshot_extras()
 
-    def _build(self, tally: tf.Variable | None) -> None:
-        """A snapshot of every local copy of the variables (one per replica the worker drives),
-        and of the vote's tally: a restore gives every replica the committed values."""
-        copies = [_local_copies(v) for v in self._all_variables()]
-        # Where each variable's first copy lies among all copies: what a backup writes.
-        firsts, position = [], 0
-        for variable_copies in copies:
-            firsts.append(position)
+    def _step_order(self):
+        return None if self._job is None else self._job.step_order()
+
+    def _to_hold(self) -> list[tf.Variable]:
+        """The variables a snapshot holds: the unordered ones (every one with a commit policy
+        of several commits) and the elastic inputs' cursors."""
+        order = self._step_order()
+        tracked = self._tracked_variables()
+        if order is not None and self.snapshot_every == 1:
+            tracked = [v for v in tracked if not order.is_ordered(_handles(v))]
+        return tracked + self._snapshot_extras()[1]
+
+    def _build(self, tally: tf.Variable | None, built_for: tuple) -> None:
+        """A snapshot of every local copy of the held variables (one per replica the worker
+        drives), and of the vote's tally: a restore gives every replica the committed values."""
+        held = self._to_hold()
+        copies = [_local_copies(v) for v in held]
+        firsts, position = {}, 0
+        for variable, variable_copies in zip(held, copies):
+            firsts[id(variable)] = position
             position += len(variable_copies)
+        object.__setattr__(self, "_held", held)
         object.__setattr__(self, "_first_copies", firsts)
         object.__setattr__(self, "_snapshot",
                            VariableSnapshot([copy for variable_copies in copies
                                              for copy in variable_copies], reported=tally))
-        object.__setattr__(self, "_built_cursors", len(self._snapshot_extras()[1]))
-        object.__setattr__(self, "_built_tally", tally)
+        object.__setattr__(self, "_added", [])
+        object.__setattr__(self, "_built_for", built_for)
 
     def _take(self) -> tuple[float, ...] | None:
         """Takes the snapshot; returns the vote's tally (None before there is a strategy)."""
         tally, cursors = self._snapshot_extras()
-        # Rebuilt when an elastic input or the strategy is created after the state.
-        if len(cursors) != self._built_cursors or tally is not self._built_tally:
-            self._build(tally)
+        order = self._step_order()
+        if order is not None:
+            applied = order.read_applied()[0]
+            if self._applied is not None:
+                order.runs_between(self._applied, applied)
+            object.__setattr__(self, "_applied", applied)
+        # Rebuilt when an elastic input or the strategy is created after the state, or when
+        # the strategy's order of writes changed.
+        built_for = (len(cursors), tally, None if order is None else order.version)
+        if (self._built_for is None or self._built_for[0] != built_for[0]
+                or self._built_for[1] is not tally or self._built_for[2] != built_for[2]):
+            self._build(tally, built_for)
         return self._snapshot.take()
+
+    def _held_ids(self) -> set[int]:
+        held = {id(v) for v in self._held}
+        for variables, _ in self._added:
+            held |= {id(v) for v in variables}
+        return held
+
+    def _steps_since_snapshot(self) -> bool:
+        order = self._step_order()
+        return (order is not None and self._applied is not None
+                and order.read_applied()[0] != self._applied)
+
+    def _hold_newly_unordered(self) -> None:
+        """A variable became unordered while a step is traced: held from now, before the step
+        runs (its values are still those of the last commit). When steps ran since the commit
+        they are not: a failure then finds this member dirty (see restore())."""
+        if self._steps_since_snapshot():
+            return
+        held = self._held_ids()
+        newly = [v for v in self._to_hold() if id(v) not in held]
+        if newly:
+            snapshot = VariableSnapshot([copy for v in newly for copy in _local_copies(v)])
+            snapshot.take()
+            self._added.append((newly, snapshot))
 
     def save(self) -> None:
         State.save(self)
@@ -320,13 +450,37 @@ class TensorFlowState(State):
         return self._take()
 
     def restore(self) -> None:
-        """State.restore() plus the variables, which take their snapshot's buffers (no copy, no
-        function to trace or instantiate: a traced assign cost 0.16-0.18 s at the first crash of
-        a 100 MB transformer)."""
+        """State.restore() plus the held variables, which take their snapshot's buffers (no
+        copy, no function to trace or instantiate: a traced assign cost 0.16-0.18 s at the
+        first crash of a 100 MB transformer). The others are as the last commit left them,
+        unless steps ran since it (several step calls between two commits, the first time
+        this member's steps do): the member is then dirty and takes the state from another."""
         super().restore()
         self._snapshot.restore()
+        for _, snapshot in self._added:
+            snapshot.restore()
+        if self._steps_since_snapshot():
+            held = self._held_ids()
+            if any(id(v) not in held for v in self._all_variables()):
+                object.__setattr__(self, "_dirty", True)
+            # Several step calls between two commits: every variable is held from now on.
+            order = self._step_order()
+            order.hold_everything()
+            object.__setattr__(self, "_applied", order.read_applied()[0])
+
+    def bind(self, job: Job) -> None:
+        super().bind(job)
+        order = job.step_order()
+        if order is not None:
+            order.listen(_weak_call(self._hold_newly_unordered))
+        if self._read_from is not None:
+            path, layout, values = self._read_from
+            object.__setattr__(self, "_read_from", None)
+            self._load(path, layout, values, self._snapshot_extras()[1])
+            self.save()
 
     def prepare_to_join(self) -> None:
+        super().prepare_to_join()
         variables = self._all_variables()
         if variables:
             self._bound().prepare_to_receive(variables)
@@ -371,20 +525,23 @@ class TensorFlowState(State):
         self._adopt(furthest)
 
     def write(self, path: str, keep: int = 1) -> bool:
-        """Writes the last snapshot (variables, Python values, commit count) as a TensorFlow
+        """Writes the last commit (variables, Python values, commit count) as a TensorFlow
         checkpoint in the directory `path`, on any filesystem tf.io.gfile reaches: what `read`
         loads when the whole job restarts (see training/checkpoints.py; `keep`: how many
         checkpoints stay).
 
-        Call it on one node (the chief), after a commit. The Python values must
+        Call it on one node (the chief), after a commit (the variables a commit does not
+        hold are as it left them until the next step). The Python values must
         be JSON-serializable (epoch, batch, ...). A checkpoint of a later commit is left
         as it is (a member that fell behind must not take the job back): returns
         whether it wrote. The new checkpoint replaces the old one at once.
         """
         held = self._snapshot.saved_values()
-        saved = checkpoints.Saved(layouts.describe(self._all_variables()), self._committed,
-                                  self._saved_commits,
-                                  [held[i].numpy() for i in self._first_copies])
+        variables = self._all_variables()
+        arrays = [held[self._first_copies[id(v)]].numpy() if id(v) in self._first_copies
+                  else _local_copies(v)[0].numpy() for v in variables]
+        saved = checkpoints.Saved(layouts.describe(variables), self._committed,
+                                  self._saved_commits, arrays)
         if not checkpoints.write(path, saved, keep):
             logger.warning("%s holds a later commit than %d; left as it is", path,
                            self._saved_commits)
@@ -412,14 +569,6 @@ class TensorFlowState(State):
         self._commits = saved.commits
         self.save()
         return True
-
-    def bind(self, job: Job) -> None:
-        super().bind(job)
-        if self._read_from is not None:
-            path, layout, values = self._read_from
-            object.__setattr__(self, "_read_from", None)
-            self._load(path, layout, values, self._snapshot_extras()[1])
-            self.save()
 
     def _load(self, path: str, layout: list, values: list, variables: list) -> None:
         """Gives `variables` the `values` read from `path` when their layouts agree."""
@@ -467,6 +616,23 @@ def _optimizer_built(optimizer) -> bool:
     if not callable(getattr(optimizer, "build", None)):
         return True
     return bool(getattr(optimizer, "built", getattr(optimizer, "_built", False)))
+
+
+def _handles(variable) -> list[int]:
+    """The ids of the resource handles of a variable's local copies (what ordering.py names)."""
+    return [ops.tensor_id(copy.handle) for copy in _local_copies(variable)]
+
+
+def _weak_call(method) -> Callable[[], None]:
+    """Calls `method` while its object lives (a listener that does not keep a state alive)."""
+    reference = weakref.WeakMethod(method)
+
+    def call() -> None:
+        bound = reference()
+        if bound is not None:
+            bound()
+
+    return call
 
 
 def _local_copies(variable) -> list:

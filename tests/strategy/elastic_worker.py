@@ -100,6 +100,8 @@ if PAUSE_BEFORE_TRAIN_S:
     time.sleep(PAUSE_BEFORE_TRAIN_S)
 train(state)
 print(json.dumps({"done": True, "node": runtime.node_id, "traces": len(traces),
+                  # The variables its commits hold (ordered steps: none).
+                  "held": [v.name for v in state._held],
                   "traced_in": traces,
                   "weights": [float(v) for v in tf.reshape(weights.read_value(), [-1])]
                   + [float(bias.read_value())]}),

@@ -63,6 +63,10 @@ def test_survivors_reform_in_process_after_a_kill(orchestrator, start_workers, t
         assert w.proc.pid == pids[w.node_id]  # the same processes, never restarted
         assert w.steps[-1]["world"] == 2
         assert w.result["traces"] == 1  # the train step traced once, used across generations
+        # Every step exactly once: the weights of a single process's run; and the commits
+        # held no copy of the variables (their writes wait for the step's collectives).
+        np.testing.assert_allclose(w.result["weights"], replay(STEPS), rtol=1e-4, atol=1e-5)
+        assert w.result["held"] == []
     starts = _read(tmp_path, events.GENERATION_START)
     assert {e["node"] for e in starts} == {w.node_id for w in survivors}
     assert all(target.node_id not in e["members"] for e in starts)

@@ -14,7 +14,8 @@ import tensorflow as tf
 import tensorflow_elastic as tfe
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.observability.events import EventLog, read_events
-from tensorflow_elastic.errors import GenerationEnded, StateLayoutMismatch
+from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, NoCommittedState,
+                                       StateLayoutMismatch)
 from tensorflow_elastic.training import layouts as layouts_lib
 from tensorflow_elastic.training import plain_data
 from tensorflow_elastic.training.state import furthest_ahead, needing_state
@@ -110,6 +111,121 @@ def test_newcomer_without_commits_is_never_the_sync_source():
     assert furthest_ahead({0: 0, 4: 12, 7: 12}) == 4
 
 
+def test_a_dirty_member_loses_to_a_clean_one_at_its_commit_and_always_receives():
+    # Node 2's step failed after it had written variables its commit does not hold.
+    assert furthest_ahead({1: 40, 2: 40, 3: 40}, dirty={1}) == 2
+    assert furthest_ahead({1: 40, 2: 41, 3: 41}, dirty={2}) == 3
+    assert needing_state({1: 40, 2: 40, 3: 40}, source=1, dirty={2}) == [2]
+
+
+def test_no_clean_member_at_the_last_commit_fails_instead_of_going_back():
+    # Node 2 alone holds commit 41's count, but not its variables: the others' commit 40 is
+    # older; taking it would redo a committed step unnoticed.
+    with pytest.raises(NoCommittedState, match="no member holds the job's last commit"):
+        furthest_ahead({1: 40, 2: 41, 3: 40}, dirty={2})
+    # Newcomers (no commits, clean) never stand in for dirty trained members.
+    with pytest.raises(NoCommittedState):
+        furthest_ahead({0: 12, 1: 12, 5: 0, 6: 0}, dirty={0, 1})
+    assert issubclass(NoCommittedState, ElasticJobFailed)
+
+
+def test_a_newcomer_is_the_source_only_before_the_first_commit():
+    assert furthest_ahead({3: 0, 5: 0}) == 3
+    assert furthest_ahead({0: 3, 5: 0, 6: 0}) == 0
+
+
+def test_a_node_joining_a_running_job_is_never_the_source():
+    # Before the first commit too: the trained member's values are the job's.
+    assert furthest_ahead({4: 0, 1: 0}, joining={1}) == 4
+    # The members that held the job's state finished or were lost: the newcomers must not
+    # start the job afresh from one of theirs.
+    with pytest.raises(NoCommittedState, match="came to join the running job"):
+        furthest_ahead({3: 0, 5: 0, 6: 0}, joining={3, 5, 6})
+
+
+def test_a_newcomer_tells_it_is_joining_until_its_first_sync():
+    seen = []
+
+    def exchange(topic, blob):
+        seen.append(plain_data.decode(blob).get("joining"))
+        return {1: blob, 0: _state({"step": 0}, 4, like=blob)}
+
+    state = tfe.State(step=0)
+    state.bind(_Job(exchange))
+    state.prepare_to_join()
+    state.sync()
+    state.sync()
+    assert seen == [True, None] and state.commits == 4
+
+
+class _Order:
+    """A stand-in for the strategy's StepOrder: the variables with handles in `ordered` are
+    ordered; `runs` counts the steps applied."""
+
+    def __init__(self, ordered):
+        self.ordered, self.runs, self.version, self.all_unordered = set(ordered), 0.0, 0, False
+
+    def is_ordered(self, handles):
+        return not self.all_unordered and all(h in self.ordered for h in handles)
+
+    def read_applied(self):
+        return (self.runs,)
+
+    def runs_between(self, before, now):
+        pass
+
+    def hold_everything(self):
+        self.all_unordered, self.version = True, self.version + 1
+
+    def listen(self, callback):
+        pass
+
+
+def _handle(variable):
+    from tensorflow.python.framework import ops
+    return ops.tensor_id(variable.handle)
+
+
+def test_a_commit_holds_only_the_unordered_variables_and_a_restore_leaves_the_others():
+    weights, moving = tf.Variable(1.0), tf.Variable(1.0)
+    order = _Order({_handle(weights)})
+    state = tfe.TensorFlowState([weights, moving], step=0)
+    state.bind(_Job(order=order))
+    state.commit()
+    assert state._held == [moving]
+    # A failed step wrote nothing ordered (its writes wait for its collectives).
+    moving.assign(5.0)
+    state.step += 1
+    state.restore()
+    assert (state.step, weights.numpy(), moving.numpy()) == (0, 1.0, 1.0)
+    assert not state._dirty
+
+
+def test_a_member_whose_steps_ran_since_its_commit_is_dirty_and_takes_another_s_state():
+    weights = tf.Variable(1.0)
+    order = _Order({_handle(weights)})
+    state = tfe.TensorFlowState([weights], step=0)
+    others = {0: ({"step": 0}, 1)}
+
+    def exchange(topic, blob):
+        return {1: blob, **{node: _state(*message, like=blob) for node, message in others.items()}}
+
+    state.bind(_Job(exchange, _receive([1.0]), order=order))
+    state.commit()
+    # Two step calls between two commits: the first applied, the second failed.
+    weights.assign(2.0)
+    order.runs += 1
+    state.restore()
+    assert state._dirty and order.all_unordered
+    state.sync()
+    assert (weights.numpy(), state._dirty) == (1.0, False)
+    # Every member dirty: nobody holds a committed state.
+    state._dirty = True
+    others.clear()
+    with pytest.raises(NoCommittedState, match="no member holds the job's last commit"):
+        state.sync()
+
+
 def _state(values, commits, like=None, layout=None):
     """What a member exchanges at a sync: its Python values and commits, its job's facts (none
     here), and the digest of its state layout: `layout`'s, or the one in `like` (another
@@ -130,8 +246,9 @@ class _Job:
     node_id = 1
 
     def __init__(self, exchange=None, broadcast=None, events_file=None, prepare=None,
-                 generation=2):
+                 generation=2, order=None):
         self.exchange = exchange or (lambda topic, blob: {1: blob})
+        self.order = order
         self.broadcast_variables = broadcast
         self.prepare_to_receive = prepare
         self.generation = generation
@@ -145,6 +262,9 @@ class _Job:
 
     def snapshot_extras(self):
         return None, []
+
+    def step_order(self):
+        return self.order
 
     def sync_facts(self):
         return {}
