@@ -56,6 +56,11 @@ _runtime: "ElasticRuntime | None" = None
 _runtime_lock = threading.Lock()
 
 
+class StepRestarts(Exception):
+    """Raised by a step after `ElasticRuntime.recover_in_step` when it cannot go on from where
+    it recovered: the loop calls the step again, with the job already re-formed and synced."""
+
+
 @dataclasses.dataclass
 class _Change:
     """A membership change in progress, for the one line the new chief prints when it is over."""
@@ -98,6 +103,18 @@ class ElasticRuntime:
         self.strategy: distribute_lib.Strategy | None = None
         # The change under way, from its first cause to the sync that ends it.
         self._change: _Change | None = None
+        # The training loop's: whether it runs, whether this node joined a running job, the
+        # commits when the current sync or step began, re-forms since the last commit, and the
+        # error a recovery inside the step ended with (decided there: the loop raises it as it is).
+        self.training = False
+        self._newcomer = False
+        self._commits_before = 0
+        self._reforms_without_progress = 0
+        self._decided: BaseException | None = None
+        # Whether this node recovers inside its step, and whether every member did at the last
+        # sync (the members tell each other with the state: sync_facts).
+        self._recovering_in_step = False
+        self._every_member_in_step = False
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership.
@@ -133,49 +150,93 @@ class ElasticRuntime:
 
     def train(self, state, step: Callable[[], T]) -> T:
         """`tfe.run`'s loop: sync, run `step()`, and on a fault go back to the last commit,
-        re-form and retry, until `step()` returns.
+        re-form, sync and retry, until `step()` returns.
 
         Only the sync and the step are inside the `try`: what goes wrong while the runtime
-        recovers is not a fault of the training, and ends the job with its own error.
+        recovers is not a fault of the training, and ends the job with its own error. A step
+        may also recover inside itself and go on (`recover_in_step`, Keras `fit`).
         """
-        newcomer = self.session.standby
+        self._newcomer = self.session.standby
         self._begin_training(state)
-        reforms_without_progress = 0
+        self._reforms_without_progress = 0
+        self.training = True
+        try:
+            self._sync_until_it_holds(state)
+            while True:
+                self._commits_before = state.commits
+                try:
+                    result = step()
+                except StepRestarts:
+                    continue  # recovered and synced inside the step, which starts again
+                except Exception as error:  # noqa: BLE001 - decide() sorts it
+                    if error is self._decided:
+                        raise  # decided inside the step, or broke its recovery there
+                    self._recover_step(state, error)
+                else:
+                    self.session.finish(state.commits)
+                    return result
+        finally:
+            self.training = False
+            self._decided = None
+
+    def recover_in_step(self, state, error: Exception) -> bool:
+        """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
+        work (a Keras batch), as the loop would (go back to the last commit, re-form, sync).
+        Returns whether every member recovered inside its step (the sync told them all): only
+        then may the step go on from the last commit in place, every member alike; else it
+        raises `StepRestarts`, as every member does. Raises what the loop would raise (the loop
+        raises it again as it is)."""
+        self._recovering_in_step, self._every_member_in_step = True, False
+        try:
+            self._recover_step(state, error)
+        except BaseException as decided:
+            self._decided = decided
+            raise
+        finally:
+            self._recovering_in_step = False
+        return self._every_member_in_step
+
+    def _recover_step(self, state, error: Exception) -> None:
+        self._recover(state, error, in_step=True)
+        self._sync_until_it_holds(state)
+
+    def _sync_until_it_holds(self, state) -> None:
+        """The state sync, and after a sync that fails, a re-form and a sync again."""
         while True:
-            commits_before = state.commits
-            in_step = False
+            self._commits_before = state.commits
             try:
                 self.sync(state)
-                in_step = True
-                result = step()
+                return
             except Exception as error:  # noqa: BLE001 - decide() sorts it
-                action = decide(error, Situation(in_step, newcomer, commits_before),
-                                self.session.moved_on)
-                if action is Action.RAISE:
-                    raise
-                if action is Action.LEAVE:
-                    self._leave_mismatched(error)
-                if action is Action.CHANGE:
-                    self._finish_step_together()
-                elif action is Action.RESYNC:
-                    logger.info("generation %d ended during the state sync; re-forming",
-                                self.generation)
-                    self._note_change("a member lost during the state sync", 0)
-                else:
-                    self._go_back(state, error, in_step)
-                if state.commits != commits_before:
-                    reforms_without_progress = 0
-                else:
-                    reforms_without_progress += 1
-                    if reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
-                        raise ElasticJobFailed(
-                            f"{reforms_without_progress} re-forms in a row without a single "
-                            f"commit; giving up (see the events file for the failures)") \
-                            from error
-                self._reform(state)
-            else:
-                self.session.finish(state.commits)
-                return result
+                self._recover(state, error, in_step=False)
+
+    def _recover(self, state, error: BaseException, in_step: bool) -> None:
+        """What the loop does about an error that ended a sync or a step: raises it, or leaves,
+        or re-forms (after going back to the last commit when the step was lost)."""
+        commits_before = self._commits_before
+        action = decide(error, Situation(in_step, self._newcomer, commits_before),
+                        self.session.moved_on)
+        if action is Action.RAISE:
+            raise error
+        if action is Action.LEAVE:
+            self._leave_mismatched(error)
+        if action is Action.CHANGE:
+            self._finish_step_together()
+        elif action is Action.RESYNC:
+            logger.info("generation %d ended during the state sync; re-forming",
+                        self.generation)
+            self._note_change("a member lost during the state sync", 0)
+        else:
+            self._go_back(state, error, in_step)
+        if state.commits != commits_before:
+            self._reforms_without_progress = 0
+        else:
+            self._reforms_without_progress += 1
+            if self._reforms_without_progress > MAX_REFORMS_WITHOUT_PROGRESS:
+                raise ElasticJobFailed(
+                    f"{self._reforms_without_progress} re-forms in a row without a single "
+                    f"commit; giving up (see the events file for the failures)") from error
+        self._reform(state)
 
     def _begin_training(self, state) -> None:
         """Before the first step: a node joining a running job prepares to receive the state,
@@ -311,15 +372,18 @@ class ElasticRuntime:
         return None if self.strategy is None else self.strategy.extended.step_order
 
     def sync_facts(self) -> dict[str, Any]:
-        """How many replicas this worker drives, told to every member at each sync (none before
-        there is a strategy)."""
+        """How many replicas this worker drives, and whether it recovers inside its step, told
+        to every member at each sync (none before there is a strategy)."""
         if self.strategy is None:
             return {}
-        return {"replicas": self.strategy.extended.local_replica_count}
+        return {"replicas": self.strategy.extended.local_replica_count,
+                "in_step": self._recovering_in_step}
 
     def take_sync_facts(self, facts: dict[int, dict[str, Any]]) -> None:
         """Sizes the generation's collectives by every member's replica count, before its first
-        collective (the sync's broadcast)."""
+        collective (the sync's broadcast), and notes whether every member recovers inside its
+        step."""
+        self._every_member_in_step = all(told.get("in_step", False) for told in facts.values())
         if self.strategy is not None:
             self.strategy.extended.take_replica_counts(
                 {node: told.get("replicas") for node, told in facts.items()})

@@ -8,6 +8,10 @@ endless input): the strategy's `experimental_distribute_dataset`, which Keras
 calls, cuts the user's global batches elastically, and the callback starts
 every epoch's iterator at that position, so a `fit` called again after a
 re-form continues the interrupted pass: no example repeats or goes missing.
+Under Keras 3 a batch whose generation ended runs again inside the same `fit`
+call after the recovery (fit_retry.py); `fit` is entered again when that is not
+safe (tf-keras, a member that did not recover inside its `fit`, such as a
+newcomer, commits or snapshots not at every batch).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import tensorflow as tf
 from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
 from tensorflow_elastic.tf_internals import private, require
+from tensorflow_elastic.training import fit_retry
 from tensorflow_elastic.training import warm_up as warm_up_lib
 from tensorflow_elastic.training.state import State
 # tfe.keras.MembershipSummaries
@@ -95,6 +100,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # An epoch's end is committed after every callback's on_epoch_end (file writers
         # included), at the next epoch's start or the training's end.
         self._epoch_end_pending = False
+        # Whether a failed batch runs again inside this `fit` call (fit_retry.retries_in_fit).
+        self._retries_in_fit = False
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = runtime_lib.current().strategy
@@ -122,6 +129,10 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
         self._resume(passes)
+        keras_3 = not _is_tf_keras(self.model)
+        self._retries_in_fit = fit_retry.retries_in_fit(
+            keras_3, keras_3 and _scale_losses_at_run_time(), runtime_lib.current().training,
+            self.commit_every, self.state.snapshot_every)
 
     def _resume(self, passes: int | None) -> None:
         """Makes this `fit` start at the committed (epoch, batch) rather than its initial epoch."""
@@ -156,6 +167,25 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self.state.epoch = epoch
         if self._input is not None:
             self._input.seek(self._position(epoch, self._first_batch), epoch)
+
+    def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+        if self._retries_in_fit:
+            start = (self.state.epoch, self.state.batch)
+            fit_retry.BatchRetry(self.model, lambda error: self._recover(error, start))
+
+    def _recover(self, error: Exception, batch_start: tuple[int, int]) -> None:
+        """After `error` ended the batch that started at `batch_start` (epoch, batch): recovers
+        as `tfe.run` does (back to the last commit, re-form, sync), then sets the input back
+        to that batch, which runs again in this `fit` call; or raises (what the loop decided,
+        or StepRestarts: every member enters `fit` again, from the synced state)."""
+        every_member_in_fit = runtime_lib.current().recover_in_step(self.state, error)
+        synced_to = (self.state.epoch, self.state.batch)
+        why = fit_retry.why_fit_starts_again(every_member_in_fit, self.state.last_sync_even,
+                                             batch_start, synced_to)
+        if why is not None:
+            raise runtime_lib.StepRestarts(why)
+        if self._input is not None:
+            self._input.seek(self._position(*batch_start), batch_start[0])
 
     def _position(self, epoch: int, batch: int) -> int:
         """The input's global batch at (epoch, batch): within the pass, or the stream for an
@@ -238,7 +268,9 @@ class ChiefOnly(tf.keras.callbacks.Callback):
     (ModelCheckpoint, TensorBoard, CSVLogger), which every worker would write otherwise.
 
     The chief can change at a re-form; the new chief's `callback` takes over
-    at the next `fit` call, and a CSVLogger then appends to the file its
+    at its next hook (within the same `fit` call when the call goes on after
+    the re-form: it is given the model and begins the training and the epoch
+    there), and a CSVLogger then appends to the file its
     predecessor wrote (`state` says whether training resumed). tf-keras'
     ModelCheckpoint and TensorBoard run on every worker: they write on the
     chief only by themselves (non-chiefs into a temporary directory, following
@@ -256,11 +288,15 @@ class ChiefOnly(tf.keras.callbacks.Callback):
             callback, (tf.keras.callbacks.ModelCheckpoint, tf.keras.callbacks.TensorBoard))
         # tf-keras hands logs as tensors only to callbacks that take them.
         self._supports_tf_logs = getattr(callback, "_supports_tf_logs", False)
+        # Whether a `fit` call is under way, and whether the callback began it here (a member
+        # that becomes the chief during it begins it then).
+        self._training = False
+        self._begun = False
 
     def set_model(self, model: Any) -> None:
-        # Keras 3's TensorBoard writes the model's summary here: on the chief only. A re-form
-        # ends the `fit` call; the next one sets the model again, on the chief of then.
+        # Keras 3's TensorBoard writes the model's summary here: on the chief only.
         super().set_model(model)
+        self._training = self._begun = False
         if self._runs_here() or self._follows_best():
             self.callback.set_model(model)
 
@@ -277,14 +313,30 @@ class ChiefOnly(tf.keras.callbacks.Callback):
         return bool(getattr(self.callback, "save_best_only", False))
 
     def on_train_begin(self, logs: dict | None = None) -> None:
+        self._training = True
         if not self._runs_here():
             return
         if (self.state.epoch or self.state.batch) and hasattr(self.callback, "append"):
             self.callback.append = True
         self.callback.on_train_begin(logs)
+        self._begun = True
+
+    def _runs_from_here(self, hook: str, epoch: int | None = None) -> bool:
+        """Whether the callback runs here; on a member that became the chief during this
+        `fit` call (its predecessor was lost and the call went on) it first begins here the
+        training and the epoch under way (`epoch`, by default the state's)."""
+        if not self._runs_here():
+            return False
+        if self._training and not self._begun:
+            if not self._follows_best():
+                self.callback.set_model(self.model)
+            self.on_train_begin()
+            if hook not in ("on_epoch_begin", "on_train_end"):
+                self.callback.on_epoch_begin(self.state.epoch if epoch is None else epoch)
+        return True
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        if self._runs_here():
+        if self._runs_from_here("on_epoch_end", epoch):
             self.callback.on_epoch_end(epoch, logs)
         elif self._follows_best():
             # A member that becomes chief later saves only what beats the best saved so far.
@@ -297,10 +349,15 @@ class ChiefOnly(tf.keras.callbacks.Callback):
             if private(self.callback, "_is_improvement")(current, self.callback.best):
                 self.callback.best = current
 
+    def on_train_end(self, logs: dict | None = None) -> None:
+        if self._runs_from_here("on_train_end"):
+            self.callback.on_train_end(logs)
+        self._training = False
+
 
 def _on_chief(name: str) -> Callable[..., None]:
     def hook(self: ChiefOnly, *args: Any, **kwargs: Any) -> None:
-        if self._runs_here():
+        if self._runs_from_here(name):
             getattr(self.callback, name)(*args, **kwargs)
 
     hook.__name__ = name
@@ -316,7 +373,8 @@ def _asks_wrapped(name: str) -> Callable[..., bool]:
 
 
 for _hook in dir(tf.keras.callbacks.Callback):
-    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end"):
+    if _hook.startswith("on_") and _hook not in ("on_train_begin", "on_epoch_end",
+                                                  "on_train_end"):
         setattr(ChiefOnly, _hook, _on_chief(_hook))
     elif _hook.startswith("_implements_"):
         # tf-keras calls a callback's batch hooks (and waits for each batch's logs) only

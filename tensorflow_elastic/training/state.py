@@ -109,6 +109,7 @@ class State:
         object.__setattr__(self, "_saved_commits", 0)
         object.__setattr__(self, "snapshot_every", snapshot_every)
         object.__setattr__(self, "_job", None)
+        object.__setattr__(self, "_last_sync_even", False)
         # Whether the last restore left variables that a failed step may have written (see
         # TensorFlowState.restore): this member then takes the state of one that did not.
         object.__setattr__(self, "_dirty", False)
@@ -150,6 +151,12 @@ class State:
             if isinstance(live, int) and isinstance(committed, int):
                 return max(0, live - committed)
         return 0
+
+    @property
+    def last_sync_even(self) -> bool:
+        """Whether every member already held, at its own last commit, the state the last sync
+        gave it (one commit count everywhere, no newcomer): a fact every member shares."""
+        return self._last_sync_even
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Callbacks run after every re-form, e.g. to rescale the learning rate with the world size."""
@@ -237,6 +244,7 @@ class State:
         self._values.update(furthest.values)
         # The commit count is the job's global step count.
         self._commits = furthest.commits
+        self._last_sync_even = not furthest.receivers
         self._dirty = False
         self._joining = False
         self.save()

@@ -49,3 +49,37 @@ def test_only_the_chief_gives_the_callback_the_model(tmp_path, monkeypatch):
     wrapped.set_model(model)
     assert wrapped.callback.model is model
     assert len(list((tmp_path / "logs").rglob("events.*"))) == 1
+
+
+def test_a_member_that_becomes_chief_during_a_fit_call_begins_the_callback_there(
+        tmp_path, monkeypatch):
+    """Its predecessor was lost and the `fit` call went on (the failed batch ran again in
+    place): the CSV log is opened, the epoch begun, and the epoch's row written, here."""
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: False)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    log = tf.keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))
+    wrapped = tfe.keras.ChiefOnly(log, tfe.State(epoch=1, batch=3))
+    wrapped.set_model(model)
+    wrapped.set_params({"epochs": 2, "steps": 8, "verbose": 0})
+    wrapped.on_train_begin()
+    wrapped.on_epoch_begin(1)
+    wrapped.on_train_batch_end(0)
+    assert log.model is None and not (tmp_path / "log.csv").exists()
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: True)
+    wrapped.on_train_batch_end(1)
+    wrapped.on_epoch_end(1, {"loss": 0.5})
+    wrapped.on_train_end()
+    assert log.model is model and log.append, "the predecessor's log is continued"
+    header, row = (tmp_path / "log.csv").read_text().splitlines()
+    assert header.startswith("epoch,loss") and row.startswith("1,0.5")
+
+
+def test_outside_a_fit_call_a_new_chief_begins_no_training(tmp_path, monkeypatch):
+    """`evaluate` with the callback, after the `fit` call that set its model ended."""
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: True)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    log = tf.keras.callbacks.CSVLogger(str(tmp_path / "log.csv"))
+    wrapped = tfe.keras.ChiefOnly(log, tfe.State(epoch=0, batch=0))
+    wrapped.set_model(model)
+    wrapped.on_test_begin()
+    assert not (tmp_path / "log.csv").exists()

@@ -272,3 +272,55 @@ def test_the_bytes_of_a_state_sync_are_counted_for_the_agent():
     rt.record("state_synced", source=1, receivers=[2], bytes=4096, seconds=0.1)
     rt.record("step", step=3)
     assert session.progress.sync_bytes == 4096
+
+
+def _syncs(state) -> int:
+    return getattr(state, "failed", 0)
+
+
+def test_a_step_that_recovers_inside_itself_goes_on_in_place(monkeypatch):
+    """Keras `fit`'s batch: the loop's recovery (restore, re-form, sync) without leaving the
+    step, which is called once."""
+    steps = []
+
+    def train(state):
+        steps.append(len(steps))
+        state.step = 7  # a step lost with the generation
+        runtime_lib.current().recover_in_step(state, tf.errors.UnavailableError(None, None, "x"))
+        assert state.step == 0, "the state went back to the last commit"
+        return "trained"
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    assert train(state) == "trained"
+    assert steps == [0] and session.reforms == 1 and session.reported == 1
+    assert (session.progress.recoveries, session.progress.lost_steps) == (1, 8)
+
+
+def test_a_step_that_cannot_go_on_after_its_recovery_starts_again_without_a_second_sync(
+        monkeypatch):
+    steps, synced = [], []
+    monkeypatch.setattr(runtime_lib.ElasticRuntime, "sync",
+                        lambda self, state: synced.append(len(steps)))
+
+    def train(state):
+        steps.append(len(steps))
+        if len(steps) == 1:
+            runtime_lib.current().recover_in_step(state, tf.errors.AbortedError(None, None, "x"))
+            raise runtime_lib.StepRestarts("a newcomer joined")
+        return "trained"
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    assert train(state) == "trained"
+    assert steps == [0, 1] and synced == [0, 1] and session.reforms == 1
+
+
+def test_what_a_recovery_inside_the_step_decided_is_not_decided_again(monkeypatch):
+    """A node whose state does not fit leaves once, and its error ends the loop as it is."""
+    def train(state):
+        runtime_lib.current().recover_in_step(state, StateLayoutMismatch("an extra variable"))
+
+    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
+    with pytest.raises(StateLayoutMismatch, match="an extra variable"):
+        train(state)
+    assert len(session.left) == 1 and session.reforms == 0
+    assert not runtime_lib.current().training
