@@ -418,7 +418,7 @@ class MembershipSession:
         if not reachable:
             return
         try:
-            self.client.leave("job complete")
+            self.client.leave("job complete", job_finished=True)
         except RendezvousError as e:
             logger.info("leave after the job: %s", e)
 

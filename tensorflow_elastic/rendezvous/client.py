@@ -302,11 +302,13 @@ class Client:
             value=value, timeout_s=_remaining(deadline)), deadline)
         return dict(r.values)
 
-    def leave(self, reason: str = "") -> None:
-        """Leaves the run for good (e.g. on a preemption notice)."""
+    def leave(self, reason: str = "", job_finished: bool = False) -> None:
+        """Leaves the run for good (e.g. on a preemption notice); ``job_finished``: after
+        training finished (the exit barrier passed), which ends the job for the nodes still
+        waiting to join."""
         self.stop_heartbeats()
         self._call(lambda stub: stub.Leave, lambda: pb.LeaveRequest(
-            run_id=self.run_id, node_id=self._id(), reason=reason))
+            run_id=self.run_id, node_id=self._id(), reason=reason, job_finished=job_finished))
 
     def status(self, all_runs: bool = False) -> list[RunStatus]:
         """This run's status (or every run's) with members, waiting nodes and history."""

@@ -385,13 +385,15 @@ class Run:
                 [node_id], f"its process died: {reason or 'reported by its agent'}", failed=True))
         return [node_id], []
 
-    async def leave(self, node_id: int, reason: str) -> None:
+    async def leave(self, node_id: int, reason: str, job_finished: bool = False) -> None:
+        """``job_finished``: the node finished training (see RunState.job_finished)."""
         if self._state.was_removed(node_id):
             return
         refusals.check_not_failed(self._state)
         refusals.known_node(self._state, node_id)
-        await self._committer.wait(
-            self._remove([node_id], f"left: {reason or 'no reason given'}", failed=False))
+        await self._committer.wait(self._remove(
+            [node_id], f"left: {reason or 'no reason given'}", failed=False,
+            job_finished=job_finished))
 
     def status(self) -> RunStatus:
         now = self._clock.now()
@@ -455,6 +457,8 @@ class Run:
         try:
             while True:
                 refusals.check_not_failed(state)
+                if state.phase == Phase.COMPLETED:
+                    raise refusals.job_complete(state)
                 if state.was_removed(node.node_id):
                     raise refusals.removed_error(state, node.node_id)
                 if state.is_active_member(node.node_id) and state.generation > after:
@@ -555,13 +559,14 @@ class Run:
                       duration_s=round(seconds, 6))
             self._observer.rendezvous_done(self._state.run_id, seconds)
 
-    def _remove(self, ids: list[int], cause: str, failed: bool, may_return: bool = False) -> int:
+    def _remove(self, ids: list[int], cause: str, failed: bool, may_return: bool = False,
+                job_finished: bool = False) -> int:
         """Removes nodes and re-forms if members were lost; returns the save ticket.
 
         ``may_return``: they were only silent or unreachable, so their processes may come back.
         """
         state = self._state
-        removal = state.remove(ids, cause, failed, may_return)
+        removal = state.remove(ids, cause, failed, may_return, job_finished)
         for node_id in removal.removed:
             self._liveness.forget(node_id)
             self._log(ev.NODE_LEFT, node_id, [node_id], cause, reason=cause)
@@ -572,6 +577,8 @@ class Run:
             self._complete(ids, cause)
         elif removal.next is AfterRemoval.MAYBE_FORM:
             self._maybe_form()
+        elif removal.next is AfterRemoval.FINISHING:
+            pass  # the other members leave in turn: the last one completes the run
         else:
             self._forming_since = time.monotonic()
             if removal.next is AfterRemoval.RE_FORM:

@@ -68,8 +68,10 @@ class Forming(enum.Enum):
 class AfterRemoval(enum.Enum):
     """What the run does once nodes were removed."""
 
-    # Every node left of its own accord: the job is done.
+    # Every node left of its own accord, or every member left having finished the job: it is done.
     COMPLETE = "complete"
+    # A member finished the job and others have yet to leave: nothing forms meanwhile.
+    FINISHING = "finishing"
     # Members were lost and enough nodes remain: the next generation forms at once.
     RE_FORM = "re_form"
     # Members were lost and fewer than min_nodes remain: the run waits for nodes to come back.
@@ -120,6 +122,9 @@ class RunState:
         default_factory=collections.OrderedDict)
     # When a run below min_nodes fails unless nodes come back (time.monotonic()).
     below_min_at: float | None = None
+    # A member left having finished training (after the exit barrier every member passed): the
+    # job is done, so nodes still waiting to join are told so rather than formed into a new job.
+    job_finished: bool = False
     # removed_since's answers for the member map they were counted against: nodes still in a
     # past generation beat until they re-join, and each would cost a pass over every member.
     _removed_counts: tuple[dict[int, str], dict[int, int]] | None = dataclasses.field(
@@ -264,11 +269,12 @@ class RunState:
         return node
 
     def remove(self, ids: Iterable[int], cause: str, failed: bool,
-               may_return: bool = False) -> Removal:
+               may_return: bool = False, job_finished: bool = False) -> Removal:
         """Removes nodes and decides what the run does next.
 
         ``failed``: they failed, so each lost member's address counts a failure on the
         blocklist. ``may_return``: they were only silent or unreachable (see remove_node).
+        ``job_finished``: they left having finished training (see ``job_finished``).
         """
         removed, lost = [], []
         for node_id in ids:
@@ -280,7 +286,12 @@ class RunState:
                 lost.append(node_id)
                 if failed:
                     self.blocklist.record_failure(node.address)
-        if not self.nodes and not failed:
+        if job_finished and lost:
+            self.job_finished = True
+        if self.job_finished and self.phase == Phase.ACTIVE:
+            after = (AfterRemoval.FINISHING if any(m in self.nodes for m in self.members)
+                     else AfterRemoval.COMPLETE)
+        elif not self.nodes and not failed and self.phase != Phase.COMPLETED:
             after = AfterRemoval.COMPLETE
         elif lost and self.phase == Phase.ACTIVE:
             remain = len(self.members) - len(lost) + len(self.waiting)
@@ -311,7 +322,9 @@ class RunState:
         Not a failure, and not below min_nodes either: nobody is expected back.
         """
         self.phase = Phase.COMPLETED
-        self.reason = f"completed: every node left (the last: {last}, {cause})"
+        self.reason = (f"completed: every member left having finished the job (the last: "
+                       f"{last}, {cause})" if self.job_finished else
+                       f"completed: every node left (the last: {last}, {cause})")
         self.members = {}
         self.below_min_at = None
         self.gathers.end()
@@ -339,6 +352,7 @@ class RunState:
         self.members = {}
         self.returnable = {}
         self.below_min_at = None
+        self.job_finished = False
         self.reason = f"a new job started it afresh after: {ended}"
         return left_over
 
@@ -373,6 +387,7 @@ def encode(state: RunState) -> Snapshot:
         "below_min_at": (None if state.below_min_at is None
                          else state.below_min_at + _wall_clock_offset()),
         "history": list(state.history),
+        "job_finished": state.job_finished,
     }
 
 
@@ -403,6 +418,7 @@ def decode(snapshot: Snapshot, settings: RunSettings) -> RunState:
     state.blocklist.restore(snapshot["blocklist"])
     if snapshot["below_min_at"] is not None:
         state.below_min_at = snapshot["below_min_at"] - _wall_clock_offset()
+    state.job_finished = snapshot.get("job_finished", False)
     state.history.extend(snapshot["history"])
     return state
 

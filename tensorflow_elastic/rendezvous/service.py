@@ -392,7 +392,7 @@ class RendezvousService:
     async def Leave(self, request: pb.LeaveRequest, context: Any) -> pb.LeaveResponse:
         run = self._run(request.run_id)
         _check_text("reason", request.reason, MAX_REASON)
-        await run.leave(request.node_id, request.reason)
+        await run.leave(request.node_id, request.reason, request.job_finished)
         return pb.LeaveResponse()
 
     @_rpc

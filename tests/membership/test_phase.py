@@ -141,7 +141,7 @@ class _JoiningClient(_Client):
     def start_heartbeats(self, interval, on_heartbeat, on_stopped):
         pass
 
-    def leave(self, reason):
+    def leave(self, reason, job_finished=False):
         self.left.append(reason)
 
 

@@ -17,6 +17,7 @@ from tensorflow_elastic.rendezvous.member_deltas import (
     Delta, DeltaMismatch, MapHistory, MapVersion, apply, diff, digest, digest_after)
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
+from tests.conftest import wait_until
 
 
 def _map(ids, port: int = 2222) -> dict[int, str]:
@@ -154,6 +155,8 @@ def test_joins_and_watches_that_name_their_map_get_deltas_and_others_the_whole_m
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
+        wait_until(lambda: any(n.role == "waiting" for n in first.status()[0].nodes),
+                   what="the newcomer waiting")
         m2 = first.join()
         joined.join()
         watcher.join(timeout=20)

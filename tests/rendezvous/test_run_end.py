@@ -3,6 +3,7 @@ afresh."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -90,3 +91,39 @@ def test_an_orchestrator_that_serves_one_job_tells_whoever_comes_after_its_end_t
         assert run.nodes == [] and run.membership.generation == m1.generation
     finally:
         server.stop()
+
+
+def test_nodes_waiting_when_the_members_finish_the_job_are_told_it_is_complete(nodes_for, wait):
+    """The members finished training: a node still waiting to join must not start the job
+    again on its own (it would train from nothing), whatever its arrival's timing."""
+    server = Orchestrator(settings=RunSettings(restart_completed=False)).start()
+    try:
+        nodes = nodes_for(server.endpoint)
+        [(a, m1), (b, _)] = nodes.join(2, 2, 3, heartbeat=None)
+        late = nodes.client()
+        arrived: list[BaseException | None] = []
+        waiter = threading.Thread(target=lambda: arrived.append(
+            _raised(lambda: late.join("127.0.0.1:20098", 2, 3, timeout=20))))
+        waiter.start()
+        wait(lambda: any(n.role == "waiting" for n in nodes.client().status()[0].nodes),
+             what="the late node waiting")
+        a.leave("job complete", job_finished=True)
+        [run] = nodes.client().status()
+        assert run.state == Phase.ACTIVE and run.membership.generation == m1.generation
+        b.leave("job complete", job_finished=True)
+        waiter.join(timeout=20)
+        assert isinstance(arrived[0], JobCompleteError), arrived
+        [run] = nodes.client().status()
+        assert run.state == Phase.COMPLETED
+        assert run.reason.startswith("completed: every member left having finished the job")
+        assert "generation_start" not in [h["event"] for h in run.history][-3:]
+    finally:
+        server.stop()
+
+
+def _raised(call) -> BaseException | None:
+    try:
+        call()
+    except BaseException as e:  # noqa: BLE001 - the test looks at what was raised
+        return e
+    return None

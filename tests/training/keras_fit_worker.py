@@ -41,6 +41,8 @@ import tensorflow as tf
 
 EPOCHS, EXAMPLES, GLOBAL_BATCH = (int(a) for a in sys.argv[1:4])
 BATCH_SLEEP_S = float(sys.argv[4])
+# A file: while it exists, every batch waits (the test's newcomers start meanwhile).
+HOLD = os.environ.get("KERAS_FIT_HOLD")
 REFERENCE = os.environ.get("KERAS_FIT_REFERENCE") == "1"
 # A misconfigured node: one weight more than the members (its sync must fail on its side only).
 EXTRA_WEIGHT = os.environ.get("KERAS_FIT_EXTRA_WEIGHT") == "1"
@@ -215,6 +217,10 @@ class Report(keras.callbacks.Callback):
                           "world": runtime.membership.world_size,
                           "generation": runtime.generation}), flush=True)
         time.sleep(BATCH_SLEEP_S)
+        # The test holds the job (at most a minute) until its newcomers wait to join.
+        held_until = time.monotonic() + 60
+        while HOLD and os.path.exists(HOLD) and time.monotonic() < held_until:
+            time.sleep(0.05)
 
 
 @tfe.run

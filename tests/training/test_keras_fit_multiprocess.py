@@ -23,7 +23,8 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import TESTS_DIR
+from tensorflow_elastic.rendezvous import Client
+from tests.conftest import TESTS_DIR, wait_until
 
 pytestmark = pytest.mark.multiprocess
 
@@ -76,26 +77,33 @@ def _node(workers, node_id):
 @pytest.mark.parametrize("legacy", [False, True], ids=["keras3", "tf_keras"])
 def test_fit_trains_every_example_exactly_once_per_epoch_across_kills_and_joins(
         orchestrator, start_workers, subprocess_env, tmp_path, legacy):
+    hold = tmp_path / "hold"
+
     def start(count, **env):
         return start_workers(orchestrator.endpoint, count, min_nodes=2, max_nodes=6,
                              script="training/keras_fit_worker.py", args=[*ARGS, "0.08"],
-                             env=dict(_flavor_env(legacy), KERAS_FIT_OUT=str(tmp_path), **env))
+                             env=dict(_flavor_env(legacy), KERAS_FIT_OUT=str(tmp_path),
+                                      KERAS_FIT_HOLD=str(hold), **env))
 
     workers = start(3)
     for w in workers:
         w.wait_for_step(8)
     member = _node(workers, max(w.node_id for w in workers))
+    # The job is held until the newcomers wait to join: five TensorFlow processes starting at
+    # once on a busy machine can take longer than the job's remaining steps.
+    hold.touch()
     member.signal(signal.SIGKILL)
     survivors = [w for w in workers if w is not member]
     first_newcomer = start(1)[0]
     # A healthy newcomer joins with failing ones, likely in the same state sync: it must finish.
-    # They start now, while the job has most of its steps left: started after the chief's kill,
-    # they could arrive after the survivors finished (a re-form takes a fraction of a second,
-    # a TensorFlow process several seconds to start on a busy machine).
     second_newcomer = start(1)[0]
     misfit = start(1, KERAS_FIT_EXTRA_WEIGHT="1")[0]
     dying = start(1, KERAS_FIT_DIE_IN_SYNC="1")[0]
     misshapen = start(1, KERAS_FIT_BAD_SYNC="1")[0]
+    status = Client(orchestrator.endpoint, run_id="job")
+    wait_until(lambda: sum(n.role == "waiting" for n in status.status()[0].nodes) >= 5,
+               timeout=60, what="the five newcomers waiting to join")
+    hold.unlink()
     first_newcomer.wait_for_step(STEPS // 3)
     chief = _node(survivors, min(w.node_id for w in survivors))
     chief.signal(signal.SIGKILL)
