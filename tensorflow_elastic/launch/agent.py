@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -35,7 +34,7 @@ from tensorflow_elastic.launch.decision import Action, Do, Situation, decide
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
 from tensorflow_elastic.launch.gpus import visible_gpus, worker_gpu_env
 from tensorflow_elastic.launch.mode import Membership, Mode, SpareLaunches, View, WorkerLaunch
-from tensorflow_elastic.launch.process import WorkerProcess
+from tensorflow_elastic.launch.process import WorkerProcess, stop_all
 from tensorflow_elastic.launch.spares import RunningSpare, SparePool
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
 from tensorflow_elastic.launch.worker_metrics import WorkerMetrics
@@ -241,8 +240,8 @@ class LocalAgent:
         """A spare, which warms up and waits; it reads its end of a pipe for the agent's word."""
         mode: SpareLaunches = self.mode  # type: ignore[assignment] - the launcher checked
         number = self._spares.next_number()
-        read_end, write_end = os.pipe()
         launch = mode.launch_spare(number)
+        read_end, write_end = os.pipe()
         launch.env[environment.SPARE_FD] = str(read_end)
         worker_dir = os.path.join(self._log_dir(), f"spare_{number}")
         try:
@@ -388,15 +387,9 @@ class LocalAgent:
         """Signals every running worker, then waits for them (SIGKILL after --stop_timeout)."""
         running = [(slot, w) for slot, w in enumerate(self._workers)
                    if w is not None and self._exit_codes[slot] is None]
-        for _, worker in running:
-            worker.signal(sig)
-        deadline = time.monotonic() + self.spec.stop_timeout
-        for slot, worker in running:
-            try:
-                worker.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                worker.kill()
-            self._exit_codes[slot] = worker.wait_output()
+        codes = stop_all([worker for _, worker in running], sig, self.spec.stop_timeout)
+        for (slot, _), code in zip(running, codes):
+            self._exit_codes[slot] = code
 
     # ------------------------------------------------------------------ endings
 
@@ -424,8 +417,9 @@ class LocalAgent:
     def _stop(self, signum: int) -> AgentResult:
         name = signal.Signals(signum).name
         self._info("got %s: forwarding SIGTERM to the workers (graceful leave)", name)
-        self._dismiss_spares()
+        # The workers first: a preemption's grace is theirs, to finish the step and leave.
         self._stop_workers(signal.SIGTERM)
+        self._dismiss_spares()
         self._leave(f"agent got {name}")
         if self._formed is not None:
             for node_id in self._formed.node_ids:

@@ -112,9 +112,11 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
             codes[slot] = None
             actions.append(Action(Do.TAKE_SPARE if spares else Do.RESTART_WORKER, slot))
             spares -= bool(spares)
-    if seen.job_running and not succeeded and seen.spare_failures <= seen.max_restarts:
+    ending = _ending(codes, restarts, seen.max_restarts, bool(seen.final))
+    if (seen.job_running and not succeeded and not ending
+            and seen.spare_failures <= seen.max_restarts):
         actions += [Action(Do.START_SPARE)] * max(0, seen.spares_wanted - spares)
-    return actions + _ending(codes, restarts, seen.max_restarts, bool(seen.final))
+    return actions + ending
 
 
 def _ending(exit_codes: list[int | None] | tuple[int | None, ...], restarts: int,

@@ -145,3 +145,18 @@ class WorkerProcess:
             os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:
             pass  # already reaped
+
+
+def stop_all(processes: Sequence[WorkerProcess], sig: int, grace: float) -> list[int]:
+    """Signals every process, then waits for them under one deadline (a process still running
+    after ``grace`` seconds is killed); their exit codes, in order. One deadline for all: a
+    node's shutdown takes ``grace`` at most, however many processes it has."""
+    for process in processes:
+        process.signal(sig)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+    return [process.wait_output() for process in processes]

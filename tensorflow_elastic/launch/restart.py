@@ -138,7 +138,7 @@ class RestartElasticity:
 
         with ThreadPoolExecutor(len(self._clients)) as pool:
             list(pool.map(enter, self._clients))
-        self.leave("job complete")
+        self.leave("job complete", job_finished=True)
 
     def finished(self, slot: int) -> bool:
         """A stock worker says nothing of its training: its exit code is its end."""
@@ -148,13 +148,13 @@ class RestartElasticity:
         """The agent's own clients are the members: the restart of the group is the report."""
         return self._clients[slot].node_id
 
-    def leave(self, reason: str) -> None:
+    def leave(self, reason: str, job_finished: bool = False) -> None:
         for client in self._clients:
             client.stop_heartbeats()
             if client.node_id is None:
                 continue
             try:
-                client.leave(reason)
+                client.leave(reason, job_finished=job_finished)
             except RendezvousError as e:
                 logger.warning("node %s could not leave: %s", client.node_id, e.message)
 

@@ -13,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import subprocess
-import time
 
-from tensorflow_elastic.launch.process import WorkerProcess
+from tensorflow_elastic.launch.process import WorkerProcess, stop_all
 from tensorflow_elastic.membership.spare import NEEDED
 
 
@@ -71,13 +69,7 @@ class SparePool:
         them with their exit codes."""
         for spare in self._running:
             os.close(spare.pipe)
-            spare.process.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        for spare in self._running:
-            try:
-                spare.process.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                spare.process.kill()
-        dismissed = [(spare, spare.process.wait_output()) for spare in self._running]
+        codes = stop_all([spare.process for spare in self._running], signal.SIGTERM, grace)
+        dismissed = list(zip(self._running, codes))
         self._running = []
         return dismissed

@@ -179,7 +179,7 @@ class RunState:
 
     def forming(self) -> Forming | None:
         """Where a forming run stands; None when it is not forming."""
-        if self.phase != Phase.FORMING:
+        if self.phase != Phase.FORMING or self.job_finished:
             return None
         if len(self.waiting) >= self.max_nodes:
             return Forming.FULL
@@ -187,7 +187,8 @@ class RunState:
 
     def join_step(self, node_id: int, last_generation: int) -> JoinStep:
         """What a join of the known node ``node_id``, last in ``last_generation``, does."""
-        if self.is_active_member(node_id) and last_generation == self.generation:
+        if (self.is_active_member(node_id) and last_generation == self.generation
+                and not self.job_finished):
             return JoinStep.GROW
         if (node_id not in self.members and node_id not in self.waiting
                 and not self.was_removed(node_id)):
@@ -286,9 +287,9 @@ class RunState:
                 lost.append(node_id)
                 if failed:
                     self.blocklist.record_failure(node.address)
-        if job_finished and lost:
+        if job_finished:  # sent only after the exit barrier every member passed
             self.job_finished = True
-        if self.job_finished and self.phase == Phase.ACTIVE:
+        if self.job_finished and not self.phase.ended:
             after = (AfterRemoval.FINISHING if any(m in self.nodes for m in self.members)
                      else AfterRemoval.COMPLETE)
         elif not self.nodes and not failed and self.phase != Phase.COMPLETED:

@@ -39,6 +39,7 @@ from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster
 from tensorflow_elastic.strategy.decision import Action, Situation, decide
 from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
+from tensorflow_elastic.strategy.ordering import StepOrder
 
 logger = logging.getLogger(__name__)
 
@@ -367,7 +368,7 @@ class ElasticRuntime:
         extended = self.strategy.extended
         return extended.vote.tally, list(extended.input_cursors)
 
-    def step_order(self):
+    def step_order(self) -> StepOrder | None:
         """The strategy's order of the steps' writes (None before there is a strategy)."""
         return None if self.strategy is None else self.strategy.extended.step_order
 

@@ -344,6 +344,7 @@ class TensorFlowState(State):
         object.__setattr__(self, "_snapshot", None)
         # The variables the snapshot holds, and where each one's first copy lies in it.
         object.__setattr__(self, "_held", [])
+        object.__setattr__(self, "_listened_to", None)  # the step order it listens to
         object.__setattr__(self, "_first_copies", {})
         # Snapshots of variables that became unordered while a step was traced, taken then
         # (before the step ran); merged into the snapshot at the next commit.
@@ -471,8 +472,9 @@ class TensorFlowState(State):
     def bind(self, job: Job) -> None:
         super().bind(job)
         order = job.step_order()
-        if order is not None:
+        if order is not None and order is not self._listened_to:  # once: bind runs every tfe.run
             order.listen(_weak_call(self._hold_newly_unordered))
+            object.__setattr__(self, "_listened_to", order)
         if self._read_from is not None:
             path, layout, values = self._read_from
             object.__setattr__(self, "_read_from", None)

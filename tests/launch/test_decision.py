@@ -125,6 +125,10 @@ SPARE_CASES = [
      [Action(Do.KEEP_DOWN, 1, "--max_restarts=3 used up")]),
     ("spares that keep failing are not started again", (RUNNING, RUNNING), (), 0, 0, 4, []),
     ("no spare once the job completed", (0, RUNNING), (), 0, 0, 0, []),
+    ("no spare when the node gives up", (-9, -9), (0, 1), 3, 0, 0,
+     [Action(Do.KEEP_DOWN, 0, "--max_restarts=3 used up"),
+      Action(Do.KEEP_DOWN, 1, "--max_restarts=3 used up"),
+      Action(Do.FAIL, None, "workers failed on this node after 3 restart(s) (--max_restarts=3)")]),
 ]
 
 

@@ -218,3 +218,30 @@ def test_an_ended_run_starts_afresh_without_its_left_over_nodes(end):
     assert state.reason.startswith(f"a new job started it afresh after: run 'job' {end}")
     assert state.removal_cause(1).endswith("a new job started it afresh")
     assert state.register("10.0.0.9:2222", "n9").node_id == 2  # ids keep counting
+
+
+def test_a_finished_job_forms_nothing_more_whatever_comes_before_the_leaves():
+    """A member lost after the exit barrier (its leave never comes) drops the run below
+    min_nodes, and a late node then waits: the finished member's leave still ends the job,
+    and the waiting node never forms a generation (it would train from nothing)."""
+    state = _active_run()  # members 0 and 1 (min_nodes 2)
+    state.waiting = {}
+    assert state.remove([0], "its process died", failed=True).next is \
+        AfterRemoval.FALL_BELOW_MIN
+    state.fall_below_min([0], "its process died", fail_at=time.monotonic() + 60)
+    state.waiting[2] = state.nodes[2]  # the late node
+    assert state.forming() is Forming.ENOUGH
+    removal = state.remove([1], "left: job complete", failed=False, job_finished=True)
+    assert removal.next is AfterRemoval.COMPLETE
+    state.complete([1], "left: job complete")
+    assert state.forming() is None
+    assert json.loads(json.dumps(encode(state)))["job_finished"] is True
+
+
+def test_from_the_first_finished_leave_no_member_grows_the_generation():
+    state = _active_run()
+    removal = state.remove([0], "left: job complete", failed=False, job_finished=True)
+    assert removal.next is AfterRemoval.FINISHING
+    assert state.join_step(1, state.generation) is JoinStep.WAIT
+    assert state.remove([1], "left: job complete", failed=False,
+                        job_finished=True).next is AfterRemoval.COMPLETE
