@@ -318,13 +318,14 @@ class RunState:
         return survivors
 
     def complete(self, last: list[int], cause: str) -> None:
-        """Ends the run when its last node left of its own accord: the job is done.
+        """Ends the run when its last node left of its own accord, or its last member left
+        having finished the job (nodes still waiting are then told it is complete): done.
 
         Not a failure, and not below min_nodes either: nobody is expected back.
         """
         self.phase = Phase.COMPLETED
         self.reason = (f"completed: every member left having finished the job (the last: "
-                       f"{last}, {cause})" if self.job_finished else
+                       f"{last}, {cause})" if self.job_finished and self.nodes else
                        f"completed: every node left (the last: {last}, {cause})")
         self.members = {}
         self.below_min_at = None
