@@ -97,8 +97,12 @@ class EventTail:
 
 def child_env(tf_log_level: str = "3", unset: Iterable[str] = (), **extra: str) -> dict[str, str]:
     """This process's environment for a child: TF_CPP_MIN_LOG_LEVEL and `extra` set, `unset`
-    removed, the checkout first on PYTHONPATH (the child imports this tensorflow_elastic)."""
+    removed, the checkout first on PYTHONPATH (the child imports this tensorflow_elastic), and
+    malloc set as the launcher sets it for a worker (stock and elastic children alike, so that
+    a comparison measures the elastic code, not the allocator)."""
+    from tensorflow_elastic.launch.spec import malloc_tunables
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=tf_log_level, **extra)
+    env["GLIBC_TUNABLES"] = malloc_tunables(env.get("GLIBC_TUNABLES"))
     for name in unset:
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)

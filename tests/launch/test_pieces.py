@@ -5,6 +5,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -20,7 +21,8 @@ from tensorflow_elastic.launch.ports import PortAllocator
 from tensorflow_elastic.launch.process import WorkerProcess
 from tensorflow_elastic.launch.ps_roles import ParameterServerRoles
 from tensorflow_elastic.launch.restart import tf_config
-from tensorflow_elastic.launch.spec import IN_PROCESS, RESTART, WorkerSpec, parse_nnodes
+from tensorflow_elastic.launch.spec import (IN_PROCESS, RESTART, WorkerSpec, malloc_tunables,
+                                           parse_nnodes, worker_env)
 from tensorflow_elastic.observability import StepReporter, events, plot, timeline
 from tensorflow_elastic.observability.progress import PS_SOURCE, ProgressTracker
 from tensorflow_elastic.rendezvous import Membership
@@ -248,3 +250,34 @@ def test_the_ps_roles_pass_the_token_and_the_tls_trust_to_their_processes():
 @pytest.mark.parametrize("host, flag", [("10.0.0.5", "10.0.0.5"), ("fd00::5", "[fd00::5]")])
 def test_tensorflowrun_gives_agents_an_address_they_read_as_a_host(host, flag):
     assert tensorflowrun._bracketed(host) == flag
+
+
+def test_workers_malloc_asks_for_huge_pages_unless_told_otherwise():
+    assert malloc_tunables(None) == "glibc.malloc.hugetlb=1"
+    assert malloc_tunables("glibc.malloc.arena_max=2") == \
+        "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert malloc_tunables("glibc.malloc.hugetlb=0") == "glibc.malloc.hugetlb=0"
+    assert malloc_tunables("glibc.malloc.hugetlb=2:glibc.malloc.arena_max=2") == \
+        "glibc.malloc.hugetlb=2:glibc.malloc.arena_max=2"
+
+
+_HUGE_PAGES_IN_USE = (
+    "b = bytearray(64 << 20)\n"
+    "for i in range(0, len(b), 4096): b[i] = 1\n"
+    "print(sum(int(line.split()[1]) for line in open('/proc/self/smaps')\n"
+    "          if line.startswith('AnonHugePages:')))\n")
+
+
+def test_a_worker_s_large_allocations_land_in_huge_pages(monkeypatch):
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[never]" in f.read():
+                pytest.skip("transparent huge pages are off on this machine")
+    except OSError:
+        pytest.skip("this kernel has no transparent huge pages")
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    huge_kb = int(subprocess.run([sys.executable, "-c", _HUGE_PAGES_IN_USE], env=worker_env({}),
+                                 capture_output=True, text=True, timeout=60).stdout)
+    assert huge_kb >= 32 << 10, huge_kb
+    off = worker_env({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})
+    assert off["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=0"
