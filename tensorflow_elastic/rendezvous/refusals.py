@@ -38,8 +38,10 @@ def check_not_failed(state: RunState) -> None:
 
 
 def job_complete(state: RunState) -> JobCompleteError:
-    """For a node that comes after the end of the one job the orchestrator serves."""
-    return JobCompleteError(f"run {state.run_id!r}: the job is complete ({state.reason}), "
+    """For a node that comes after the end of the one job the orchestrator serves, or once
+    its members finished training (see RunState.job_finished)."""
+    why = state.reason if state.phase.ended else "its members finished training and leave"
+    return JobCompleteError(f"run {state.run_id!r}: the job is complete ({why}), "
                             f"nothing is left to train; a new job starts its own orchestrator "
                             f"(or uses another --run_id on a shared one)")
 
@@ -111,6 +113,16 @@ def check_member(state: RunState, node_id: int, generation: int, waiting_for: st
         raise RendezvousError(
             f"node {node_id} is not a member of generation {generation}; it is waiting to "
             f"be admitted: join to wait for the next generation", reason=NOT_MEMBER)
+
+
+def check_job_not_finished(state: RunState, generation: int, waiting_for: str) -> None:
+    """A gather after a member left having finished training: nothing is left to train in the
+    generation, whoever else it holds (a newcomer admitted as that member's peer was lost
+    after the exit barrier); the node joins again and is told the job is complete."""
+    if state.job_finished:
+        raise GenerationChangedError(
+            f"generation {generation} has ended while waiting for {waiting_for}: the job "
+            f"finished (a member left having finished training); join again to be told so")
 
 
 def is_current_member(state: RunState, node_id: int, generation: int) -> bool:

@@ -354,6 +354,7 @@ class Run:
             gathers.saved_as(key, self._save())
         while (values := gathers.result(key)) is None:
             refusals.check_member(state, node_id, generation, waiting_for=f"{kind} {name!r}")
+            refusals.check_job_not_finished(state, generation, f"{kind} {name!r}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 self._check_leading(f"remove the members missing from {kind} {name!r}")
@@ -457,7 +458,7 @@ class Run:
         try:
             while True:
                 refusals.check_not_failed(state)
-                if state.phase == Phase.COMPLETED:
+                if state.phase == Phase.COMPLETED or state.job_finished:
                     raise refusals.job_complete(state)
                 if state.was_removed(node.node_id):
                     raise refusals.removed_error(state, node.node_id)

@@ -123,7 +123,8 @@ class RunState:
     # When a run below min_nodes fails unless nodes come back (time.monotonic()).
     below_min_at: float | None = None
     # A member left having finished training (after the exit barrier every member passed): the
-    # job is done, so nodes still waiting to join are told so rather than formed into a new job.
+    # job is done, so nodes still waiting to join (and a newcomer formed with the members that
+    # leave) are told so rather than formed into a new job.
     job_finished: bool = False
     # removed_since's answers for the member map they were counted against: nodes still in a
     # past generation beat until they re-join, and each would cost a pass over every member.
@@ -287,8 +288,9 @@ class RunState:
                 lost.append(node_id)
                 if failed:
                     self.blocklist.record_failure(node.address)
-        if job_finished:  # sent only after the exit barrier every member passed
+        if job_finished and not self.job_finished:  # sent only after the exit barrier
             self.job_finished = True
+            self.gathers.end()  # whoever waits in one is told the job finished
         if self.job_finished and not self.phase.ended:
             after = (AfterRemoval.FINISHING if any(m in self.nodes for m in self.members)
                      else AfterRemoval.COMPLETE)

@@ -126,9 +126,7 @@ class ElasticRuntime:
         try:
             self.session.start()
         except JobCompleteError as e:
-            self.session.client.close()
-            logger.warning("%s; this node exits", e.message)
-            raise SystemExit(0) from None
+            self._exit_job_complete(e)
         cluster.configure(self.session.node_id)
         if threading.current_thread() is threading.main_thread():
             # A preemption notice: finish the step, commit, leave; nobody rolls back.
@@ -137,6 +135,12 @@ class ElasticRuntime:
         # Called before the interpreter joins the program's non-daemon threads (atexit handlers
         # run after that join): a thread that never ends is then under the deadline too.
         threading._register_atexit(self._exit)  # noqa: SLF001 - no public hook runs that early
+
+    def _exit_job_complete(self, error: JobCompleteError) -> None:
+        """Nothing is left to train for this node: it says so and the process exits 0."""
+        self.session.client.close()
+        logger.warning("%s; this node exits", error.message)
+        raise SystemExit(0) from None
 
     def _exit(self) -> None:
         """At interpreter exit, after success or a fatal error alike: stops this node's threads
@@ -302,7 +306,11 @@ class ElasticRuntime:
         while members gather (a leaver's departure lands after the others re-joined, a second
         failure): then the barrier fails and the node follows to the newer generation."""
         while True:
-            membership = self.session.join_next_generation()
+            try:
+                membership = self.session.join_next_generation()
+            except JobCompleteError as e:
+                # A newcomer formed with members that were past training when one was lost.
+                self._exit_job_complete(e)
             with self._interrupts.moving_to(membership.generation):
                 self.strategy.extended.regroup(membership.members, membership.generation)
             if self.session.start_generation(membership):

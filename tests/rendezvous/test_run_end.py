@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from tensorflow_elastic.rendezvous import (JobCompleteError, NodeRemovedError, Orchestrator, Phase,
-                                           RunFailedError, RunSettings)
+from tensorflow_elastic.rendezvous import (GenerationChangedError, JobCompleteError,
+                                           NodeRemovedError, Orchestrator, Phase, RunFailedError,
+                                           RunSettings)
 
 pytestmark = pytest.mark.multiprocess
 
@@ -117,6 +118,32 @@ def test_nodes_waiting_when_the_members_finish_the_job_are_told_it_is_complete(n
         assert run.state == Phase.COMPLETED
         assert run.reason.startswith("completed: every member left having finished the job")
         assert "generation_start" not in [h["event"] for h in run.history][-3:]
+    finally:
+        server.stop()
+
+
+def test_a_newcomer_formed_with_members_past_training_is_told_the_job_is_complete(nodes_for):
+    """A member lost after the exit barrier, before the others' leaves arrive, re-forms the
+    survivors with a waiting newcomer: once a survivor leaves having finished the job, the
+    newcomer's sync ends and its join again is told the job is complete (it exits 0) instead
+    of waiting for a state nobody will send."""
+    server = Orchestrator(settings=RunSettings(restart_completed=False)).start()
+    try:
+        nodes = nodes_for(server.endpoint)
+        [(a, m1), (b, _)] = nodes.join(2, 2, 2, heartbeat=None)
+        [newcomer], [joined] = nodes.join_async(1, 2, 2, heartbeat=None)
+        a.leave("its process died after the exit barrier")
+        m2 = joined.result(timeout=30)
+        assert m2.generation > m1.generation and m2.node_id in m2.members
+        syncing = nodes.submit(lambda: _raised(lambda: newcomer.synchronize("sync", b"", 20)))
+        b.leave("job complete", job_finished=True)
+        error = syncing.result(timeout=30)
+        assert isinstance(error, GenerationChangedError), error
+        assert "the job finished" in str(error)
+        with pytest.raises(JobCompleteError, match="its members finished training"):
+            newcomer.join(m2.members[m2.node_id], 2, 2, timeout=20)
+        [run] = nodes.client().status()
+        assert run.history[-1]["event"] == "node_left"  # b's: nothing formed after it
     finally:
         server.stop()
 

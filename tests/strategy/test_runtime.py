@@ -12,7 +12,7 @@ import pytest
 from tensorflow_elastic import environment, memory, net
 from tensorflow_elastic.errors import ElasticJobFailed
 from tensorflow_elastic.membership.session import MembershipSession
-from tensorflow_elastic.rendezvous import Membership
+from tensorflow_elastic.rendezvous import JobCompleteError, Membership
 from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster, runtime
 from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
@@ -230,3 +230,15 @@ def test_init_refuses_a_bad_exit_timeout_before_anything_else(subprocess_env):
                           text=True, timeout=90)
     assert done.returncode == 1
     assert "$TFE_EXIT_TIMEOUT='nan' must be a number of seconds above 0" in done.stderr
+
+
+def test_a_node_told_the_job_is_complete_when_it_joins_again_exits_successfully(job, monkeypatch):
+    """A newcomer formed with members that were past training: its sync ends and the join
+    after it says the job is complete; nothing is left to train."""
+    def complete():
+        raise JobCompleteError("run 'job': the job is complete (its members finished training)")
+    monkeypatch.setattr(job.session, "join_next_generation", complete)
+    monkeypatch.setattr(job.session.client, "close", lambda: None, raising=False)
+    with pytest.raises(SystemExit) as exited:
+        job._move_to_next_generation()
+    assert exited.value.code == 0
