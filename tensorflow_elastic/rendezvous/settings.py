@@ -13,9 +13,9 @@ from tensorflow_elastic import environment
 # 1.5 s a node must miss 6 beats in a row to be removed: a host that vanishes is removed at most
 # 1.5 s after its last beat, while a healthy node on a loaded machine keeps a wide margin.
 HEARTBEAT_INTERVAL_S = 0.25
-# The beats a second one run asks of its nodes at most: every beat costs the orchestrator's one
-# core, a beat on a stream of its own about 0.2 ms (benchmarks/orchestrator_scale.py), so 2,000
-# a second are under half of it whatever the run's size. Up to 500 nodes beat at the default
+# The beats a second one run asks of its nodes at most: a beat that comes on a stream of its own
+# takes the orchestrator's one core about 0.2 ms (benchmarks/orchestrator_scale.py), so 2,000 a
+# second leave it more than half free whatever the run's size. Up to 500 nodes beat at the default
 # interval; a larger run's join replies ask its nodes to beat less often (beat_interval_floor)
 # and the run gives their silence as many of those intervals (liveness_timeout).
 RUN_BEATS_PER_S = 2000.0
