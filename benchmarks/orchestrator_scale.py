@@ -26,6 +26,13 @@ are deltas) and heartbeats. Measured:
   on this script's monotonic clock, so the figure cannot be negative; it
   includes a pipe message or two (well under a millisecond) on top.
 
+The simulated nodes read only the head of their join replies (their ids, the map's name and
+the interval asked for): a real node parses one member map on its own host, 10,000 of them
+parsed here would take the machine from the orchestrator. With ``--soak_minutes``, a live
+node removed after its own client left a gap longer than the run's timeout between two of
+its beats counts as ``removed_while_client_late``, not as a false removal: the clients'
+lateness says nothing of the orchestrator.
+
 With ``--store etcd`` the same figures come for one orchestrator with a
 state directory and for two replicas on a local etcd (the leader measured),
 and ``failover_s``: the etcd leader killed -9, to the first call that
