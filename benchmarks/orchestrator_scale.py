@@ -26,6 +26,13 @@ are deltas) and heartbeats. Measured:
   on this script's monotonic clock, so the figure cannot be negative; it
   includes a pipe message or two (well under a millisecond) on top.
 
+The simulated nodes read only the head of their join replies (their ids, the map's name and
+the interval asked for): a real node parses one member map on its own host, 10,000 of them
+parsed here would take the machine from the orchestrator. With ``--soak_minutes``, a live
+node removed after its own client left a gap longer than the run's timeout between two of
+its beats counts as ``removed_while_client_late``, not as a false removal: the clients'
+lateness says nothing of the orchestrator.
+
 With ``--store etcd`` the same figures come for one orchestrator with a
 state directory and for two replicas on a local etcd (the leader measured),
 and ``failover_s``: the etcd leader killed -9, to the first call that
@@ -54,7 +61,8 @@ from typing import Callable
 
 from harness import Orchestrator, cpu_seconds, exit_on_sigterm, percentile, status_mb
 
-from tensorflow_elastic.rendezvous.settings import HEARTBEAT_INTERVAL_S, RunSettings
+from tensorflow_elastic.rendezvous.settings import (
+    HEARTBEAT_INTERVAL_S, RunSettings, liveness_timeout)
 
 RUN_ID = "bench"
 # Watch streams the client processes open per second together, as processes that start at
@@ -63,8 +71,31 @@ RUN_ID = "bench"
 WATCHES_OPENED_PER_S = 500
 
 
+def _join_head_class() -> type:
+    """A message that reads a JoinResponse's node id, interval and map name, and skips its
+    member map: a real node parses one map on its own host, while 10,000 maps of 10,000
+    members parsed here (4 ms each) would take this machine's cores from the orchestrator."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    field = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="bench_join_head.proto", package="bench",
+                                              syntax="proto3")
+    name = file.message_type.add(name="MapName")  # Membership's fields 1 and 4
+    name.field.add(name="generation", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    name.field.add(name="digest", number=4, type=field.TYPE_FIXED64, label=field.LABEL_OPTIONAL)
+    head = file.message_type.add(name="JoinHead")  # JoinResponse's fields 1, 2 and 4
+    head.field.add(name="node_id", number=1, type=field.TYPE_INT64, label=field.LABEL_OPTIONAL)
+    head.field.add(name="membership", number=2, type=field.TYPE_MESSAGE,
+                   type_name=".bench.MapName", label=field.LABEL_OPTIONAL)
+    head.field.add(name="heartbeat_interval_s", number=4, type=field.TYPE_DOUBLE,
+                   label=field.LABEL_OPTIONAL)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.JoinHead"))
+
+
 async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int, watches: str, processes: int,
+                    timeout: float, liveness: str, per_stream: int, watches: str, processes: int,
                     map_per_launcher: bool) -> None:
     """One client process: its nodes, driven by commands from the parent over ``conn``.
 
@@ -92,6 +123,9 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     channel = grpc.aio.insecure_channel(endpoint, options=options)
     stub = pb_grpc.RendezvousStub(channel)
+    join_call = channel.unary_unary("/tensorflow_elastic.Rendezvous/Join",
+                                    request_serializer=pb.JoinRequest.SerializeToString,
+                                    response_deserializer=_join_head_class().FromString)
     await channel.channel_ready()
     # Beats on a connection of their own, as Client's KeepAlive stream: memberships sent to
     # thousands of watches must not hold them up in one connection's flow control.
@@ -107,7 +141,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         sent = time.time()
         while True:
             try:
-                r = await stub.Join(pb.JoinRequest(
+                r = await join_call(pb.JoinRequest(
                     run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
                     min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}",
                     timeout_s=600, known_map=latest_map(), omit_members=omit_members),
@@ -165,6 +199,10 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     killed: set[int] = set()
     replaced: set[int] = set()  # killed on purpose in the soak: their removal is expected
     refused: dict[int, str] = {}  # node -> why the orchestrator refused its beats
+    # The longest gap (s) between two beats sent for each node: a node removed after its client
+    # left a gap longer than the run's timeout was removed for the client's lateness, which says
+    # nothing of the orchestrator.
+    send_gap: dict[int, float] = {}
     seen: dict[int, str] = {}
     all_seen = asyncio.Event()
     generation = {"now": 1}
@@ -173,6 +211,13 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     watch_tasks: dict[int, asyncio.Task] = {}
     beat_tasks: dict[int, asyncio.Task] = {}
 
+    def note_gap(nodes: list[int], gap: float) -> None:
+        for node_id in nodes:
+            send_gap[node_id] = max(send_gap.get(node_id, 0.0), gap)
+
+    def client_late(node_id: int) -> bool:
+        return send_gap.get(node_id, 0.0) > liveness_timeout(timeout, beat_every["s"])
+
     def note_reply(node_id: int, info) -> None:
         if info.generation > 1 and not killed:
             early["reform"] = True
@@ -180,9 +225,13 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     async def unary(node_id: int, k: int, count: int) -> None:
         await asyncio.sleep(beat_every["s"] * k / count)
         next_at = loop.time()
+        sent_at = None
         while node_id not in killed:
             if measuring["on"]:
                 lateness.append((loop.time() - next_at) * 1000)
+            if sent_at is not None:
+                note_gap([node_id], loop.time() - sent_at)
+            sent_at = loop.time()
             t0 = time.perf_counter()
             try:
                 reply = await stub.Heartbeat(pb.HeartbeatRequest(
@@ -204,6 +253,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         stream, a message goes out every interval whether or not the last one was answered,
         and a stream that answered nothing for ``reply_timeout`` is opened again."""
         await asyncio.sleep(beat_every["s"] * k / count)
+        last_sent, longest = None, 0.0
         while True:
             call = beat_stub.KeepAlive()
             sent_at: collections.deque[float] = collections.deque()
@@ -219,6 +269,10 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                     if sent_at and time.perf_counter() - sent_at[0] > reply_timeout:
                         raise asyncio.TimeoutError
                     late = loop.time() - next_at
+                    if last_sent is not None and loop.time() - last_sent > longest:
+                        longest = loop.time() - last_sent
+                        note_gap(group, longest)
+                    last_sent = loop.time()
                     worst["late"] = max(worst["late"], late)
                     if measuring["on"]:
                         lateness.append(late * 1000)
@@ -326,7 +380,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             measuring["on"] = False
             conn.send((latencies, early["reform"], list(watch_errors) + beat_errors,
                        time.process_time() - cpu_at, len(join_retries), lateness,
-                       sorted(refused.items())[:5], dict(worst), len(refused), beat_every["s"]))
+                       sorted(refused.items())[:5], dict(worst), len(refused), beat_every["s"],
+                       sum(client_late(n) for n in refused)))
         elif cmd == "kill":
             await kill(ids[:1])
         elif cmd == "wait_reform":
@@ -349,9 +404,10 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
             new_ids = [node_id for node_id, _, _ in await asyncio.gather(*joining)]
             ids.extend(new_ids)
             start(new_ids)
-            false = sorted(n for n in refused if n not in replaced)
+            removed = sorted(n for n in refused if n not in replaced)
+            false = [n for n in removed if not client_late(n)]
             conn.send((len(new_ids), false, [refused[n] for n in false[:3]],
-                       time.process_time() - cpu_at))
+                       time.process_time() - cpu_at, len(removed) - len(false)))
             cpu_at = time.process_time()
         elif cmd == "exit":
             break
@@ -362,9 +418,9 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
 
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
-                    liveness: str, per_stream: int, watches: str, processes: int,
+                    timeout: float, liveness: str, per_stream: int, watches: str, processes: int,
                     map_per_launcher: bool) -> None:
-    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, liveness, per_stream,
+    asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, timeout, liveness, per_stream,
                           watches, processes, map_per_launcher))
 
 
@@ -495,7 +551,8 @@ def _scale(args: argparse.Namespace, endpoint: str,
             parent, child = ctx.Pipe()
             indices = list(range(p, args.nodes, processes))
             worker = ctx.Process(target=_client_process, args=(
-                child, endpoint, indices, args.nodes, args.heartbeat_interval, args.liveness,
+                child, endpoint, indices, args.nodes, args.heartbeat_interval,
+                args.heartbeat_timeout, args.liveness,
                 args.nodes_per_stream, args.watches, processes, args.maps == "launcher"),
                 daemon=True)
             worker.start()
@@ -543,6 +600,8 @@ def _scale(args: argparse.Namespace, endpoint: str,
                                f"{clients_cpu}, beats sent late by up to "
                                f"{max(lateness, default=0):.0f} ms in the window; whole run: "
                                f"{[r[7] for r in replies]}; {sum(r[8] for r in replies)} "
+                               f"({sum(r[10] for r in replies)} after their client left a "
+                               f"gap longer than the run's timeout between two beats) "
                                f"refused: {[x for r in replies for x in r[6]][:3]})")
         print(f"{len(latencies)} heartbeats measured; clients' CPU {clients_cpu}", flush=True)
         killed_at = time.monotonic()
@@ -589,7 +648,8 @@ def _scale(args: argparse.Namespace, endpoint: str,
 def _soak(args: argparse.Namespace, broadcast: Callable[[object], list], processes: int,
           server: Orchestrator | None) -> dict:
     """Every minute --replace_percent of the nodes are replaced (newcomers join, as many members
-    die); counts the live nodes the orchestrator removed and samples its memory."""
+    die); counts the live nodes the orchestrator removed (those whose client had left a gap
+    longer than the run's timeout between two beats apart) and samples its memory."""
     minutes = []
     false_removals: list[int] = []
     for minute in range(args.soak_minutes):
@@ -604,6 +664,7 @@ def _soak(args: argparse.Namespace, broadcast: Callable[[object], list], process
         minute_s = time.monotonic() - started
         sample = {"minute": minute + 1, "replaced": sum(r[0] for r in replies),
                   "replace_s": round(took, 3), "false_removals": len(false_removals),
+                  "removed_while_client_late": sum(r[4] for r in replies),
                   "orchestrator_rss_mb": None if rss is None else round(rss, 1),
                   "clients_cpu": round(sum(r[3] for r in replies) / minute_s, 3)}
         if server is not None:
@@ -616,6 +677,7 @@ def _soak(args: argparse.Namespace, broadcast: Callable[[object], list], process
                   f"{[m for r in replies for m in r[2]][:3]}", flush=True)
     return {"minutes": args.soak_minutes, "replace_percent": args.replace_percent,
             "false_removals": len(false_removals),
+            "removed_while_client_late": minutes[-1]["removed_while_client_late"] if minutes else 0,
             "rss_mb": [m["orchestrator_rss_mb"] for m in minutes], "per_minute": minutes}
 
 

@@ -124,6 +124,33 @@ class Liveness:
         return silent
 
 
+class BeatIntervals:
+    """The heartbeat intervals a run asked of its nodes (in their join replies), and the
+    longest: a node that joined the run at its largest beats slowest, and its silence is judged
+    by that interval until it leaves, however the run shrank meanwhile."""
+
+    def __init__(self) -> None:
+        self._of: dict[int, float] = {}
+        self._count: collections.Counter[float] = collections.Counter()
+        self.longest = 0.0
+
+    def ask(self, node_id: int, interval: float) -> None:
+        self.forget(node_id)
+        self._of[node_id] = interval
+        self._count[interval] += 1
+        self.longest = max(self.longest, interval)
+
+    def forget(self, node_id: int) -> None:
+        interval = self._of.pop(node_id, None)
+        if interval is None:
+            return
+        self._count[interval] -= 1
+        if not self._count[interval]:
+            del self._count[interval]
+            if interval == self.longest:
+                self.longest = max(self._count, default=0.0)
+
+
 class WatchLoss:
     """Members whose last watch stream broke, and since when.
 

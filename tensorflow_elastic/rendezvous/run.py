@@ -36,10 +36,11 @@ from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import partition, refusals
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
 from tensorflow_elastic.rendezvous.liveness import (
-    FIRST_BEAT_MAX_S, REPLY_HOLD_MAX_S, Liveness, LoopClock, WatchLoss)
+    FIRST_BEAT_MAX_S, REPLY_HOLD_MAX_S, BeatIntervals, Liveness, LoopClock, WatchLoss)
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
-from tensorflow_elastic.rendezvous.settings import RunSettings, beat_interval_floor
+from tensorflow_elastic.rendezvous.settings import (
+    RunSettings, beat_interval_floor, liveness_timeout)
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore, Snapshot
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
@@ -84,6 +85,7 @@ class Run:
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
+        self._intervals = BeatIntervals()
         # Newcomers whose join reply went out, until their first beat: what ends their hold.
         self._first_beats: dict[int, Callable[[], None]] = {}
         now = clock.now()
@@ -192,7 +194,7 @@ class Run:
         if state.phase == Phase.COMPLETED and not self._settings.restart_completed:
             raise refusals.job_complete(state)
         for node_id in state.start_afresh(min_nodes, max_nodes, self._settings):
-            self._liveness.forget(node_id)
+            self._forget(node_id)
         self._unacked = None
         self._last_call_at = None
         self._forming_since = time.monotonic()
@@ -477,9 +479,19 @@ class Run:
         self._ack(node.node_id)
         return self.membership(node.node_id)
 
-    def beat_interval_floor(self) -> float:
-        """The shortest heartbeat interval this run asks of a node joining now."""
-        return beat_interval_floor(len(self._state.nodes), self._settings.heartbeat_timeout)
+    def ask_interval(self, node_id: int) -> float:
+        """The shortest heartbeat interval this run asks of ``node_id``, whose join returns now
+        (its reply says it); its silence is judged by it from now on."""
+        interval = beat_interval_floor(len(self._state.nodes))
+        self._intervals.ask(node_id, interval)
+        return interval
+
+    def heartbeat_timeout(self) -> float:
+        """How long a node of this run may stay silent: --heartbeat_timeout, longer when the run
+        asked its nodes for slower beats (see liveness_timeout). A node loaded from the store
+        was asked at most what the run's size asks now."""
+        interval = max(self._intervals.longest, beat_interval_floor(len(self._state.nodes)))
+        return liveness_timeout(self._settings.heartbeat_timeout, interval)
 
     def hold_while_answering(self, node_id: int, newcomer: bool) -> Callable[[], None]:
         """Counts the node alive until the returned function is called (at the latest after
@@ -514,10 +526,15 @@ class Run:
         cap = loop.call_later(REPLY_HOLD_MAX_S, release)
         return reply_sent
 
+    def _forget(self, node_id: int) -> None:
+        """A node that left the run: its liveness and the interval it was asked go."""
+        self._liveness.forget(node_id)
+        self._intervals.forget(node_id)
+
     def _stop_holding(self, node_id: int) -> None:
         self._liveness.release(node_id, self._clock.now())
         if node_id not in self._state.nodes:
-            self._liveness.forget(node_id)
+            self._forget(node_id)
 
     # -------------------------------------------------------------- transitions
 
@@ -569,7 +586,7 @@ class Run:
         state = self._state
         removal = state.remove(ids, cause, failed, may_return, job_finished)
         for node_id in removal.removed:
-            self._liveness.forget(node_id)
+            self._forget(node_id)
             self._log(ev.NODE_LEFT, node_id, [node_id], cause, reason=cause)
         lost = removal.lost
         if failed and lost:
@@ -679,7 +696,7 @@ class Run:
         failure (no file descriptors, no buffers) or a timeout this process's own stall may
         explain says nothing of the peer: it stays, and its heartbeats decide."""
         silent = self._liveness.silent_for(peer, self._clock.now())
-        if silent > self._settings.heartbeat_timeout / 2:
+        if silent > self.heartbeat_timeout() / 2:
             return True
         async with self._probes:
             return await probe(address, self._settings.probe_timeout) is Probe.DEAD
@@ -706,7 +723,7 @@ class Run:
             if self._grace_until is not None:
                 due.append(self._grace_until)
             elif oldest is not None:
-                due.append(oldest[1] + self._settings.heartbeat_timeout)
+                due.append(oldest[1] + self.heartbeat_timeout())
             due += self._watch_loss.deadlines()
             due = [clock.to_monotonic(t) for t in due]
             due += [t for t in (self._last_call_at, self._state.below_min_at) if t is not None]
@@ -719,9 +736,10 @@ class Run:
         if self._grace_until is not None and alive_now >= self._grace_until:
             self._grace_until = None
         if self._grace_until is None:
-            silent = self._liveness.expired(alive_now, settings.heartbeat_timeout)
+            timeout = self.heartbeat_timeout()
+            silent = self._liveness.expired(alive_now, timeout)
             if silent:
-                self._remove(silent, f"no heartbeat for {settings.heartbeat_timeout:g} s",
+                self._remove(silent, f"no heartbeat for {timeout:g} s",
                              failed=True, may_return=True)
         if self._state.phase == Phase.ACTIVE:
             gone = self._watch_loss.overdue(alive_now, self._state.members)

@@ -267,7 +267,7 @@ class RendezvousService:
         # run.join returned the run's current membership, which is what _join_tail encodes.
         return (pb.JoinResponse(node_id=membership.node_id,
                                 taken_back_after=membership.taken_back_after,
-                                heartbeat_interval_s=run.beat_interval_floor()
+                                heartbeat_interval_s=run.ask_interval(membership.node_id)
                                 ).SerializeToString()
                 + self._join_tail(run, request))
 

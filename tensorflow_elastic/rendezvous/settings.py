@@ -4,25 +4,26 @@ saved state read them without importing the state machine."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tensorflow_elastic import environment
 
 # How often a node heartbeats (TFE_HEARTBEAT_INTERVAL overrides it; a large run's join replies
-# ask for a longer interval, see beat_interval_floor). With the
-# default --heartbeat_timeout of 1.5 s a node must miss 6 beats in a row to be
-# removed: a host that vanishes is removed at most 1.5 s after its last beat,
-# while a healthy node on a loaded machine (two cores busy, round trips of 0.3 s
-# at the 99th percentile with 1,000 nodes) keeps a wide margin. Cost measured
-# with benchmarks/orchestrator_scale.py at 1,000 nodes: about 0.8 of a core for
-# the orchestrator at 0.25 s, 0.6 at 0.5 s, 0.3 at 1 s (see docs/failures.md).
+# ask for a longer interval, see beat_interval_floor). With the default --heartbeat_timeout of
+# 1.5 s a node must miss 6 beats in a row to be removed: a host that vanishes is removed at most
+# 1.5 s after its last beat, while a healthy node on a loaded machine keeps a wide margin.
 HEARTBEAT_INTERVAL_S = 0.25
-# The node beats a second an orchestrator asks for at most, by the run's size: 1,000 nodes at
-# the default interval (about 0.2 of a core for launchers of 8 workers). A larger run's join
-# replies ask its nodes to beat less often (see beat_interval_floor).
-RUN_BEATS_PER_S = 4000.0
+# The beats a second one run asks of its nodes at most: a beat that comes on a stream of its own
+# takes the orchestrator's one core about 0.2 ms (benchmarks/orchestrator_scale.py), so 2,000 a
+# second leave it more than half free whatever the run's size. Up to 500 nodes beat at the default
+# interval; a larger run's join replies ask its nodes to beat less often (beat_interval_floor)
+# and the run gives their silence as many of those intervals (liveness_timeout).
+RUN_BEATS_PER_S = 2000.0
 # Beats a node sends per heartbeat timeout at least, whatever the run's size: it survives
-# two lost or late beats, and a silent host is still found within the timeout.
+# two lost or late beats.
 BEATS_PER_TIMEOUT = 3.0
+# Intervals asked of nodes are whole multiples of this: a run holds few distinct ones.
+INTERVAL_STEP_S = 0.05
 
 
 # How quickly a client reaches an orchestrator that is back (restarted on its state, or a new
@@ -37,11 +38,17 @@ def heartbeat_interval() -> float:
     return environment.number(environment.HEARTBEAT_INTERVAL, HEARTBEAT_INTERVAL_S)
 
 
-def beat_interval_floor(nodes: int, heartbeat_timeout: float) -> float:
+def beat_interval_floor(nodes: int) -> float:
     """The shortest interval a run of ``nodes`` asks of its nodes (a join reply says it): the
-    orchestrator's beats grow no further than RUN_BEATS_PER_S with the run's size, up to
-    BEATS_PER_TIMEOUT beats per timeout."""
-    return min(nodes / RUN_BEATS_PER_S, heartbeat_timeout / BEATS_PER_TIMEOUT)
+    beats the orchestrator reads grow no further than RUN_BEATS_PER_S with the run's size."""
+    steps = math.ceil(nodes / RUN_BEATS_PER_S / INTERVAL_STEP_S - 1e-9)
+    return round(steps * INTERVAL_STEP_S, 6)
+
+
+def liveness_timeout(heartbeat_timeout: float, interval: float) -> float:
+    """How long a node beating every ``interval`` may stay silent: --heartbeat_timeout, or
+    BEATS_PER_TIMEOUT intervals where those are longer (a large run's slower beats)."""
+    return max(heartbeat_timeout, BEATS_PER_TIMEOUT * interval)
 
 
 @dataclasses.dataclass

@@ -8,6 +8,7 @@ import asyncio
 import threading
 
 import grpc
+import pytest
 
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
@@ -156,14 +157,54 @@ def test_a_newcomer_that_never_beats_after_its_reply_is_removed_after_a_bounded_
 
 
 def test_a_join_reply_asks_a_large_run_for_slower_beats():
-    assert settings_module.beat_interval_floor(1000, 1.5) == 0.25
-    assert settings_module.beat_interval_floor(100, 1.5) < 0.25
-    # Never more than a third of the timeout: a silent host is still found within it.
-    assert settings_module.beat_interval_floor(10_000, 1.5) == 0.5
+    assert settings_module.beat_interval_floor(500) == 0.25
+    assert settings_module.beat_interval_floor(100) < 0.25
+    # The run's beats stay within RUN_BEATS_PER_S however large it grows.
+    assert settings_module.beat_interval_floor(10_000) == 5.0
+    assert settings_module.liveness_timeout(1.5, 0.25) == 1.5
+    assert settings_module.liveness_timeout(1.5, 5.0) == 15.0
     with Orchestrator("127.0.0.1", 0, settings=RunSettings(heartbeat_timeout=0.3)) as server:
         with Client(f"127.0.0.1:{server.port}", "job") as client:
             client.join("127.0.0.1:23260", 1, 1, timeout=20)
-            assert client.beat_interval_floor == settings_module.beat_interval_floor(1, 0.3)
+            assert client.beat_interval_floor == settings_module.beat_interval_floor(1)
+
+
+def test_a_large_runs_nodes_are_given_as_many_of_their_slower_intervals_to_beat(monkeypatch):
+    """A run that asked its nodes for beats slower than a third of --heartbeat_timeout removes
+    a silent one after BEATS_PER_TIMEOUT of those intervals, not at --heartbeat_timeout (they
+    beat less often than that); a node that leaves does not shorten the others' time."""
+    monkeypatch.setattr(settings_module, "RUN_BEATS_PER_S", 5.0)  # 3 nodes: every 0.6 s
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=60.0)  # forms when all 3 joined
+
+    async def scenario() -> tuple[list[float], float, list[int], list[int]]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        contexts = [_Context() for _ in range(3)]
+        replies = await asyncio.gather(*(service.Join(pb.JoinRequest(
+            run_id="job", address=f"127.0.0.1:{23270 + i}", min_nodes=2, max_nodes=3,
+            nonce=f"n{i}", timeout_s=10), context) for i, context in enumerate(contexts)))
+        intervals = [pb.JoinResponse.FromString(r).heartbeat_interval_s for r in replies]
+        for context in contexts:
+            for callback in context.done:
+                callback(context)
+        run = service._run("job")  # noqa: SLF001
+        for node_id in range(3):
+            run.heartbeat(node_id, 1)
+        await run.leave(2, "done", False)
+        # Two nodes would be asked for 0.4 s now; theirs is still 0.6 s.
+        timeout = run.heartbeat_timeout()
+        await asyncio.sleep(1.0)  # past --heartbeat_timeout, within 3 intervals of 0.6 s
+        still = sorted(run.membership().members)
+        await asyncio.sleep(1.2)  # past 1.8 s
+        after = sorted(run.membership().members)
+        await service.close()
+        return intervals, timeout, still, after
+
+    intervals, timeout, still, after = asyncio.run(scenario())
+    assert intervals == [0.6, 0.6, 0.6]
+    assert timeout == pytest.approx(1.8)
+    assert still == [0, 1]
+    assert after == []
 
 
 def test_a_reply_that_never_goes_out_keeps_its_node_alive_for_a_bounded_time(monkeypatch):

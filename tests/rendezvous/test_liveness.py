@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tensorflow_elastic.rendezvous.liveness import LOOP_TICK_S, LoopClock, Liveness, WatchLoss
+from tensorflow_elastic.rendezvous.liveness import (
+    LOOP_TICK_S, BeatIntervals, LoopClock, Liveness, WatchLoss)
 
 
 def test_liveness_expires_the_least_recently_heard_first():
@@ -18,6 +19,25 @@ def test_liveness_expires_the_least_recently_heard_first():
     assert live.silent_for(3, 10.0) == 0.0
     live.release(3, 10.0)
     assert live.expired(now=12.0, timeout=5.0) == [2, 1]
+
+
+def test_the_longest_interval_asked_stays_until_every_node_asked_it_left():
+    intervals = BeatIntervals()
+    intervals.ask(1, 0.25)
+    intervals.ask(2, 5.0)
+    intervals.ask(3, 5.0)
+    intervals.ask(4, 2.5)
+    assert intervals.longest == 5.0
+    intervals.forget(2)
+    assert intervals.longest == 5.0  # node 3 still beats that slowly
+    intervals.ask(3, 1.0)  # joined again, asked for faster beats
+    assert intervals.longest == 2.5
+    intervals.forget(4)
+    intervals.forget(99)  # never asked: nothing changes
+    assert intervals.longest == 1.0
+    intervals.forget(1)
+    intervals.forget(3)
+    assert intervals.longest == 0.0
 
 
 def test_watch_loss_reports_a_member_silent_for_the_grace_after_its_last_watch_broke():
