@@ -124,7 +124,7 @@ def test_a_failed_run_fails_the_next_commit_with_its_reason():
 
 
 class _JoiningClient(_Client):
-    """Takes the node back into generation 5 at its join; its barriers pass."""
+    """Takes the node back into generation 5 at its join; its barriers and gathers pass."""
 
     def __init__(self, on_join=lambda: None):
         super().__init__()
@@ -137,6 +137,9 @@ class _JoiningClient(_Client):
 
     def barrier(self, name, timeout):
         pass
+
+    def synchronize(self, key, value, timeout):
+        return {3: value, 5: value}
 
     def start_heartbeats(self, interval, on_heartbeat, on_stopped):
         pass
