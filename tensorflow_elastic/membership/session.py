@@ -296,7 +296,7 @@ class MembershipSession:
         raise SystemExit(0)
 
     def start_generation(self, membership: Membership,
-                         message: bytes = b"") -> dict[int, bytes] | None:
+                         message: bytes) -> dict[int, bytes] | None:
         """The new generation's barrier, which also gathers every member's `message` (the
         state sync's, so that the sync that follows needs no round trip of its own): every
         member's message by node id, or None when the membership moved on meanwhile (a

@@ -157,7 +157,7 @@ def test_a_removal_heard_while_re_joining_ends_with_the_node_a_member_again():
     session = _member()
     session.client = _JoiningClient(on_join=lambda: session._note_removed(_removed_error()))
     session.begin_reform("a peer was lost")
-    assert session.start_generation(session.join_next_generation())
+    assert session.start_generation(session.join_next_generation(), b"")
     assert session.phase is P.MEMBER and session.absence is None
 
 
@@ -186,5 +186,5 @@ def test_a_removed_standby_node_stays_one_and_comes_back_when_it_joins(tmp_path)
     assert session.phase is P.STANDBY and session.absence is not None
     assert [e["reason"] for e in read_events(str(tmp_path / "events.jsonl"), "node_left")] == \
         ["removed: node 3 was removed from run job (no heartbeat for 1.5 s)"]
-    assert session.start_generation(session.join_next_generation())
+    assert session.start_generation(session.join_next_generation(), b"")
     assert session.phase is P.MEMBER and session.absence is None

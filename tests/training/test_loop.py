@@ -58,7 +58,7 @@ class _Session:
             self.reforms += 1
         return self.membership
 
-    def start_generation(self, membership, message=b""):
+    def start_generation(self, membership, message):
         return {self.node_id: message}
 
     def finish(self, commits):
