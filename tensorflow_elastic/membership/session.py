@@ -295,20 +295,23 @@ class MembershipSession:
                 pass  # the job is over: nobody needs to know
         raise SystemExit(0)
 
-    def start_generation(self, membership: Membership) -> bool:
-        """The new generation's barrier: False when the membership moved on meanwhile (a
+    def start_generation(self, membership: Membership,
+                         message: bytes) -> dict[int, bytes] | None:
+        """The new generation's barrier, which also gathers every member's `message` (the
+        state sync's, so that the sync that follows needs no round trip of its own): every
+        member's message by node id, or None when the membership moved on meanwhile (a
         leaver's departure landed after the others re-joined, a second failure) and the node
         must join the next one."""
         try:
-            self.client.barrier(f"generation-{membership.generation}",
-                                timeout=self.barrier_timeout)
+            gathered = self.client.synchronize(f"generation-{membership.generation}", message,
+                                               timeout=self.barrier_timeout)
         except GenerationChangedError:
             logger.info("generation %d ended while forming; joining the next one",
                         membership.generation)
-            return False
+            return None
         except NodeRemovedError as e:
             self._note_removed(e)
-            return False
+            return None
         except OrchestratorUnreachableError as e:
             raise ElasticJobFailed(_orchestrator_lost("re-form", e)) from None
         self.events.record(events.GENERATION_START, node=self.node_id,
@@ -319,7 +322,7 @@ class MembershipSession:
                          only_from={WorkerPhase.REFORMING})
         self.watchdog.restart()
         self.tell_agent()
-        return True
+        return gathered
 
     def finish_step_together(self) -> None:
         """At a planned change: returns once every member has finished the step.

@@ -116,6 +116,9 @@ class ElasticRuntime:
         # sync (the members tell each other with the state: sync_facts).
         self._recovering_in_step = False
         self._every_member_in_step = False
+        # (generation, every member's state-sync message) gathered at its barrier, until the
+        # generation's first sync takes it.
+        self._gathered_at_start: tuple[int, dict[int, bytes]] | None = None
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership.
@@ -249,7 +252,7 @@ class ElasticRuntime:
         state.bind(self)
         if self.session.standby:
             state.prepare_to_join()
-            self._move_to_next_generation()
+            self._move_to_next_generation(state)
 
     def commit(self, state) -> None:
         """A step boundary: the state's snapshot (by its commit policy), the progress, and the
@@ -296,15 +299,17 @@ class ElasticRuntime:
             f"model, optimizer and inputs on every node before training") from error
 
     def _reform(self, state) -> None:
-        """The next generation with the members still there, then the state's reset callbacks
+        """The next generation with the members still there, and the state's reset callbacks
         (e.g. a learning rate that follows the world size)."""
-        self._move_to_next_generation()
-        state.on_reset()
+        self._move_to_next_generation(state, reset=True)
 
-    def _move_to_next_generation(self) -> None:
-        """Joins the next generation and moves TensorFlow to it. The membership may move on
-        while members gather (a leaver's departure lands after the others re-joined, a second
-        failure): then the barrier fails and the node follows to the newer generation."""
+    def _move_to_next_generation(self, state, reset: bool = False) -> None:
+        """Joins the next generation, moves TensorFlow to it (and with `reset`, runs the
+        state's reset callbacks), then passes the generation's barrier, which gathers the
+        members' messages for the state sync that follows (one round trip for both). The
+        membership may move on while members gather (a leaver's departure lands after the
+        others re-joined, a second failure): then the barrier fails and the node follows to
+        the newer generation."""
         while True:
             try:
                 membership = self.session.join_next_generation()
@@ -313,7 +318,11 @@ class ElasticRuntime:
                 self._exit_job_complete(e)
             with self._interrupts.moving_to(membership.generation):
                 self.strategy.extended.regroup(membership.members, membership.generation)
-            if self.session.start_generation(membership):
+            if reset:
+                state.on_reset()
+            gathered = self.session.start_generation(membership, state.sync_message())
+            if gathered is not None:
+                self._gathered_at_start = (membership.generation, gathered)
                 return
 
     def sync(self, state) -> None:
@@ -354,6 +363,14 @@ class ElasticRuntime:
 
     def exchange(self, topic: str, value: bytes) -> dict[int, bytes]:
         return self.session.exchange(topic, value)
+
+    def gathered_at_start(self) -> dict[int, bytes] | None:
+        """Every member's state-sync message, gathered at this generation's barrier; given
+        once, to the generation's first sync (None: the sync exchanges its own)."""
+        gathered, self._gathered_at_start = self._gathered_at_start, None
+        if gathered is None or gathered[0] != self.generation:
+            return None
+        return gathered[1]
 
     def broadcast_variables(self, variables: list, source: int, receivers: list[int],
                             one_group: bool) -> None:

@@ -44,6 +44,10 @@ class Job(Protocol):
     def exchange(self, topic: str, value: bytes) -> dict[int, bytes]:
         """Every member's `value`, by node id (a small all-gather)."""
 
+    def gathered_at_start(self) -> dict[int, bytes] | None:
+        """Every member's sync_message(), gathered as the generation started, once (None: the
+        sync exchanges them itself)."""
+
     def broadcast_variables(self, variables: list, source: int, receivers: list[int],
                             one_group: bool) -> None:
         """The `source`'s values of `variables` to the `receivers`."""
@@ -75,7 +79,7 @@ class _Furthest(NamedTuple):
     commits: int
     # The members whose variables may differ from the source's (see needing_state()).
     receivers: list[int]
-    # Every member's layout digest, when the members exchanged them (see layouts.check).
+    # Every member's layout digest (b"" for a state without variables; see layouts.check).
     layouts: dict[int, bytes] | None = None
 
 
@@ -207,9 +211,28 @@ class State:
         """Builds, before a node joins, what its first sync runs (the members wait for that)."""
         object.__setattr__(self, "_joining", self._commits == 0)
 
-    def _gather_furthest_ahead(self, layout: bytes | None = None) -> _Furthest:
-        """The id, Python values and commits of the member with the most commits (and with
-        `layout`, this member's layout digest, every member's digest).
+    def sync_message(self) -> bytes:
+        """What this member tells the others at a sync: its Python values and commits, its
+        job's facts (the members' replica counts travel with the state: one exchange), its
+        layout digest, and whether it is dirty or joining."""
+        message = {"values": self._values, "commits": self._commits,
+                   "job": self._bound().sync_facts()}
+        layout = self._layout_digest()
+        if layout is not None:
+            message["layout"] = layout
+        if self._dirty:
+            message["dirty"] = True
+        if self._joining:
+            message["joining"] = True
+        return plain_data.encode(message)
+
+    def _layout_digest(self) -> bytes | None:
+        """The digest of the state's variables' layout (None: no variables to check)."""
+        return None
+
+    def _gather_furthest_ahead(self) -> _Furthest:
+        """The id, Python values and commits of the member with the most commits, and every
+        member's layout digest.
 
         After a crash the step in flight may have finished on some members (their
         all-reduce completed) and failed on others: taking the state of one that
@@ -219,26 +242,19 @@ class State:
         commit intact.
         """
         job = self._bound()
-        # The job's facts (the members' replica counts) travel with the state: one exchange.
-        message = {"values": self._values, "commits": self._commits, "job": job.sync_facts()}
-        if layout is not None:
-            message["layout"] = layout
-        if self._dirty:
-            message["dirty"] = True
-        if self._joining:
-            message["joining"] = True
-        messages = {node_id: plain_data.decode(blob) for node_id, blob in
-                    job.exchange("state", plain_data.encode(message)).items()}
+        blobs = job.gathered_at_start()
+        if blobs is None:
+            blobs = job.exchange("state", self.sync_message())
+        messages = {node_id: plain_data.decode(blob) for node_id, blob in blobs.items()}
         states = {node_id: _state_message(message) for node_id, message in messages.items()}
         job.take_sync_facts({node_id: message["job"] for node_id, message in messages.items()})
         commits = {node_id: told.commits for node_id, told in states.items()}
         dirty = {node_id for node_id, told in states.items() if told.dirty}
         joining = {node_id for node_id, told in states.items() if told.joining}
         source = furthest_ahead(commits, dirty, joining)
-        digests = None if layout is None else {node_id: told.layout
-                                               for node_id, told in states.items()}
         return _Furthest(source, states[source].values, states[source].commits,
-                         receivers=needing_state(commits, source, dirty), layouts=digests)
+                         receivers=needing_state(commits, source, dirty),
+                         layouts={node_id: told.layout for node_id, told in states.items()})
 
     def _adopt(self, furthest: _Furthest) -> None:
         self._values.update(furthest.values)
@@ -490,6 +506,10 @@ class TensorFlowState(State):
         # members would wait for its building in the first step.
         self._take()
 
+    def _layout_digest(self) -> bytes | None:
+        variables = self._all_variables()
+        return self._layout(variables)[1] if variables else None
+
     def _layout(self, variables: list[tf.Variable]) -> tuple[list, bytes]:
         """The layout of `variables` and its digest, described once per list of variables."""
         ids = tuple(id(v) for v in variables)
@@ -507,12 +527,11 @@ class TensorFlowState(State):
         Records a `state_synced` event (bytes moved, seconds) on the source and the receivers.
         """
         variables = self._all_variables()
-        layout, digest = self._layout(variables)
         # The layouts' digests travel with the values: one exchange for both.
-        furthest = self._gather_furthest_ahead(digest if variables else None)
+        furthest = self._gather_furthest_ahead()
         if variables and furthest.receivers:
             job = self._bound()
-            layouts.check(job, layout, furthest.source, furthest.layouts)
+            layouts.check(job, self._layout(variables)[0], furthest.source, furthest.layouts)
             if job.node_id == furthest.source or job.node_id in furthest.receivers:
                 started = time.perf_counter()
                 # Before the first commit a differing state is a bug to fix, not a newcomer's

@@ -124,7 +124,7 @@ def test_a_failed_run_fails_the_next_commit_with_its_reason():
 
 
 class _JoiningClient(_Client):
-    """Takes the node back into generation 5 at its join; its barriers pass."""
+    """Takes the node back into generation 5 at its join; its barriers and gathers pass."""
 
     def __init__(self, on_join=lambda: None):
         super().__init__()
@@ -137,6 +137,9 @@ class _JoiningClient(_Client):
 
     def barrier(self, name, timeout):
         pass
+
+    def synchronize(self, key, value, timeout):
+        return {3: value, 5: value}
 
     def start_heartbeats(self, interval, on_heartbeat, on_stopped):
         pass
@@ -154,7 +157,7 @@ def test_a_removal_heard_while_re_joining_ends_with_the_node_a_member_again():
     session = _member()
     session.client = _JoiningClient(on_join=lambda: session._note_removed(_removed_error()))
     session.begin_reform("a peer was lost")
-    assert session.start_generation(session.join_next_generation())
+    assert session.start_generation(session.join_next_generation(), b"")
     assert session.phase is P.MEMBER and session.absence is None
 
 
@@ -183,5 +186,5 @@ def test_a_removed_standby_node_stays_one_and_comes_back_when_it_joins(tmp_path)
     assert session.phase is P.STANDBY and session.absence is not None
     assert [e["reason"] for e in read_events(str(tmp_path / "events.jsonl"), "node_left")] == \
         ["removed: node 3 was removed from run job (no heartbeat for 1.5 s)"]
-    assert session.start_generation(session.join_next_generation())
+    assert session.start_generation(session.join_next_generation(), b"")
     assert session.phase is P.MEMBER and session.absence is None

@@ -85,7 +85,7 @@ def test_a_failure_while_members_finish_the_step_is_left_to_the_re_form():
 
 def _reform(session: MembershipSession) -> None:
     """The session's part of a re-form, as the runtime drives it (no TensorFlow to move here)."""
-    while not session.start_generation(session.join_next_generation()):
+    while not session.start_generation(session.join_next_generation(), b""):
         pass
 
 

@@ -33,6 +33,9 @@ class _Job(_Session):
     def report_step(self, commits):
         pass
 
+    def start_generation(self, membership, message):
+        return self.exchange("state", message)  # the barrier gathers the sync's messages
+
     def exchange(self, topic, value):
         self.exchanges += 1
         told = {self.node_id: value}

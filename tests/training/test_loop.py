@@ -58,8 +58,8 @@ class _Session:
             self.reforms += 1
         return self.membership
 
-    def start_generation(self, membership):
-        return True
+    def start_generation(self, membership, message):
+        return {self.node_id: message}
 
     def finish(self, commits):
         pass

@@ -93,6 +93,9 @@ class _PeerSends:
     def sync_facts(self):
         return {}
 
+    def gathered_at_start(self):
+        return None
+
     def take_sync_facts(self, facts):
         pass
 

@@ -269,6 +269,9 @@ class _Job:
     def sync_facts(self):
         return {}
 
+    def gathered_at_start(self):
+        return None
+
     def take_sync_facts(self, facts):
         pass
 
