@@ -240,5 +240,5 @@ def test_a_node_told_the_job_is_complete_when_it_joins_again_exits_successfully(
     monkeypatch.setattr(job.session, "join_next_generation", complete)
     monkeypatch.setattr(job.session.client, "close", lambda: None, raising=False)
     with pytest.raises(SystemExit) as exited:
-        job._move_to_next_generation()
+        job._move_to_next_generation(state=None)
     assert exited.value.code == 0
