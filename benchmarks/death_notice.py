@@ -8,8 +8,8 @@ mutex in a file under /dev/shm and says so; this process waits on the mutex in a
 SIGKILLs it and times, from the kill: the waiter's wake (EOWNERDEAD), the output pipe's end of
 file, the process reapable (waitid WNOWAIT). Linux and glibc only.
 
-Prints one line per kill (lock_code 130: EOWNERDEAD) and, last, {"repeats", "owner_died_ms", "pipe_eof_ms", "reapable_ms"},
-each {"p50", "max"}.
+Prints one line per kill (lock_code 130: EOWNERDEAD) and, last, {"repeats", "owner_died_ms",
+"pipe_eof_ms", "reapable_ms"}, each {"p50", "max"}.
 """
 
 from __future__ import annotations

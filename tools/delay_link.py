@@ -75,13 +75,16 @@ class DelayLine:
 
 
 def open_tap(name: str) -> int:
+    """A TAP device `name` (non-blocking; it lives as long as the descriptor)."""
     fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK)
-    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TAP | IFF_NO_PI | IFF_VNET_HDR))
+    flags = IFF_TAP | IFF_NO_PI | IFF_VNET_HDR
+    fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), flags))
     fcntl.ioctl(fd, TUNSETOFFLOAD, TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN)
     return fd
 
 
 def open_port(name: str) -> socket.socket:
+    """A packet socket on interface `name` that reads only the frames arriving on it."""
     sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     sock.setsockopt(SOL_PACKET, PACKET_VNET_HDR, 1)
     sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)  # only what the host sends
