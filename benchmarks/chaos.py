@@ -301,12 +301,24 @@ ORCHESTRATOR_CUT_S = 10.0
 NET_FAULTS = ("loss", "delay", "partition", "orchestrator_cut")
 
 
+def net_fault_kinds(names: str) -> list[str]:
+    """--net_faults' comma-separated kinds, in the order given."""
+    kinds = [name.strip() for name in names.split(",") if name.strip()]
+    unknown = [k for k in kinds if k not in NET_FAULTS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(f"network faults are {', '.join(NET_FAULTS)}; "
+                                         f"got {names!r}")
+    return kinds
+
+
 def network_fault(job: ChaosJob, kind: str) -> dict:
     """A degraded network on the namespaces' job: 5 % packet loss or a 200 ms delay on one worker
     host, an asymmetric partition (one worker host loses every packet to and from another, both
     still reach the orchestrator), or the orchestrator's host cut off from every worker. Returns
     {"kind", "seconds", "removals", "generations", "steps"} over the fault and 5 s after it
-    (removals: failures detected; steps: steps the chief completed), or {"kind", "skipped"}."""
+    (removals: failures detected; steps: steps the chief completed) and the chief's median
+    step time in the 10 s before the fault and during it ("step_ms_before", "step_ms_during"),
+    or {"kind", "skipped"}."""
     from tools.netns import FaultUnavailable
 
     gen = wait(job, lambda: (lambda g: g if len(g["members"]) >= 3 and job.stepping(
@@ -325,6 +337,7 @@ def network_fault(job: ChaosJob, kind: str) -> dict:
     except FaultUnavailable as e:
         return {"kind": kind, "skipped": str(e)}
     time.sleep(ORCHESTRATOR_CUT_S if kind == "orchestrator_cut" else NET_FAULT_S)
+    healed = time.time()
     if kind == "orchestrator_cut":
         job.hosts.link_up(0)
     else:
@@ -335,9 +348,16 @@ def network_fault(job: ChaosJob, kind: str) -> dict:
     generations = [g for g in job.generations() if t0 <= g["time"] <= end]
     chief = min(job.current()["members"])
     steps = [r for r in job.steps() if r["node"] == chief and t0 <= r["t"] <= end]
+
+    def step_ms(start: float, stop: float) -> float | None:
+        times = sorted(r["t"] for r in job.steps()
+                       if r["node"] == chief and start <= r["t"] <= stop)
+        return round(statistics.median(gaps(times)) * 1e3, 1) if len(times) > 1 else None
+
     return {"kind": kind, "seconds": round(end - t0, 1), "removals": len(removals),
             "removed": sorted({e.get("node") for e in removals if e.get("node") is not None}),
-            "generations": len(generations), "steps": len(steps)}
+            "generations": len(generations), "steps": len(steps),
+            "step_ms_before": step_ms(t0 - 10.0, t0), "step_ms_during": step_ms(t0, healed)}
 
 
 def measure(job: ChaosJob, fault: Fault) -> None:
@@ -449,7 +469,7 @@ def run(args: argparse.Namespace, tmp: str, hosts=None) -> dict:
         for kind in ("pause_member", "busy_cores") if args.slow and hosts is None else ():
             slow.append(slow_down(job, kind, rng))
             print(f"[slow] {slow[-1]}", flush=True)
-        for kind in NET_FAULTS if args.net_faults and hosts is not None else ():
+        for kind in args.net_faults if hosts is not None else ():
             network.append(network_fault(job, kind))
             print(f"[network] {network[-1]}", flush=True)
         target = max(r["step"] for r in job.steps()) + 20
@@ -576,12 +596,14 @@ def main(argv: list[str] | None = None) -> int:
                         "host, three worker hosts; needs root) whose hosts' links go down this "
                         "many times mid-step, each back 1 s after the survivors went on "
                         "(vanished_host_s: the longest link down -> every survivor's first step)")
-    parser.add_argument("--net_faults", action="store_true",
+    parser.add_argument("--net_faults", nargs="?", type=net_fault_kinds, default=[],
+                        const=list(NET_FAULTS), metavar="KIND,...",
                         help="a job on network namespaces (as --vanish; after its cuts): 5%% packet loss and a 200 ms delay "
                         "on one worker host, an asymmetric partition between two worker hosts "
                         f"(each {NET_FAULT_S:.0f} s), the orchestrator's host cut off for "
-                        f"{ORCHESTRATOR_CUT_S:.0f} s; reports removals, generations and steps "
-                        "during each (network_faults)")
+                        f"{ORCHESTRATOR_CUT_S:.0f} s; reports removals, generations, steps "
+                        "and the chief's step time before and during each (network_faults). "
+                        f"All of them, or those named (of {','.join(NET_FAULTS)})")
     parser.add_argument("--workers", type=int, default=None,
                         help="workers (default 3; 4 with --soak)")
     parser.add_argument("--local_devices", type=int, default=1,

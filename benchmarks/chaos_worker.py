@@ -75,7 +75,9 @@ if args.local_devices > 1:
 import tensorflow_elastic as tfe  # noqa: E402
 from tensorflow_elastic.strategy import cluster  # noqa: E402
 
-STACKS_AFTER_S = 3.0  # with --trace: a first batch of fit this late dumps the stacks
+# With --trace: fit's on_train_begin this late after its call, or its first batch this late after
+# on_train_begin, dumps every thread's stack.
+STACKS_AFTER_S = 3.0
 STOP_FILE = os.path.join(args.control, "stop")
 KILL_FILE = os.path.join(args.control, f"kill-{PID}")
 PAUSE_FILE = os.path.join(args.control, f"pause-{PID}")
@@ -219,7 +221,8 @@ else:
         def on_train_begin(self, logs=None):
             if args.trace:
                 mark("fit_begin")
-                # Where every thread is, in the log, if the first batch is slow to come.
+                # Where every thread is, in the log, if the first batch is slow to come (a new
+                # timer: the one armed at fit's call ends here).
                 faulthandler.dump_traceback_later(STACKS_AFTER_S)
 
         def on_train_batch_begin(self, batch, logs=None):
@@ -269,6 +272,7 @@ def train(state):
     else:
         if args.trace:
             mark("fit")
+            faulthandler.dump_traceback_later(STACKS_AFTER_S)
         workload.model.fit(workload.dataset(KERAS_STEPS * args.global_batch), epochs=1,
                            verbose=0, callbacks=[tfe.keras.ElasticCallback(state), Driven()])
 

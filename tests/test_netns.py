@@ -1,8 +1,10 @@
 """The network-namespace harness (tools/netns.py): hosts reach each other over the bridge; a host
-whose link is down vanishes without a reset and comes back when it is up; nothing is left behind."""
+whose link is down vanishes without a reset and comes back when it is up; a delayed host's
+packets wait and arrive intact, healed it is as before; nothing is left behind."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -63,27 +65,94 @@ def test_a_partition_from_one_peer_leaves_the_others_reachable(hosts):
     assert _connect(hosts, 0) == "ok"
 
 
-def test_a_delay_slows_a_host_s_packets_or_says_why_it_cannot(hosts):
-    _serve_on(hosts, 0)
-    try:
-        hosts.delay(1, 400)
-    except FaultUnavailable as e:
-        assert "netem" in str(e) or "qdisc" in str(e), e
-        pytest.skip(str(e))
+def _connect_s(hosts: Hosts, to: int, source: int = 1) -> float:
     timed = ("import socket, sys, time\nt = time.monotonic()\n"
              "socket.create_connection((sys.argv[1], 7000), timeout=5).close()\n"
              "print(time.monotonic() - t)\n")
-    out = subprocess.run(hosts.command(1, [sys.executable, "-c", timed, hosts.address(0)]),
+    out = subprocess.run(hosts.command(source, [sys.executable, "-c", timed, hosts.address(to)]),
                          capture_output=True, text=True, timeout=30)
-    assert float(out.stdout) >= 0.4, out
+    return float(out.stdout)
+
+
+def _delay_or_skip(hosts: Hosts, i: int, ms: float) -> None:
+    try:
+        hosts.delay(i, ms)
+    except FaultUnavailable as e:
+        assert "/dev/net/tun" in str(e), e
+        pytest.skip(str(e))
+
+
+def _switch_pids(hosts: Hosts) -> list[int]:
+    out = subprocess.run(["ip", "netns", "pids", hosts.switch], capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    return [int(pid) for pid in out.split()]
+
+
+def _bridge_ports(hosts: Hosts) -> list[str]:
+    out = subprocess.run(["ip", "-n", hosts.switch, "-o", "link", "show", "master", "br0"],
+                         capture_output=True, text=True, timeout=10, check=True).stdout
+    return sorted(line.split(":")[1].strip().split("@")[0] for line in out.splitlines())
+
+
+def test_a_delay_slows_a_host_s_packets_or_says_why_it_cannot(hosts):
+    _serve_on(hosts, 0)
+    _delay_or_skip(hosts, 1, 400)
+    assert _connect_s(hosts, 0) >= 0.4  # the SYN waits
+    assert _connect_s(hosts, 0, source=2) < 0.2  # the other hosts' links are as they were
+
+
+# Sends argv[2] random bytes to host argv[1]'s port 7001, which sends them back; prints whether
+# what came back is what was sent.
+_ECHO = ("import socket\n"
+         "s = socket.socket(); s.bind(('0.0.0.0', 7001)); s.listen(1); print('ready', flush=True)\n"
+         "c = s.accept()[0]\n"
+         "while True:\n"
+         "    b = c.recv(1 << 16)\n"
+         "    if not b: break\n"
+         "    c.sendall(b)\n")
+_ROUND_TRIP = ("import os, socket, sys, threading\n"
+               "data = os.urandom(int(sys.argv[2])); back = bytearray()\n"
+               "c = socket.create_connection((sys.argv[1], 7001), timeout=20)\n"
+               "def read():\n"
+               "    while len(back) < len(data):\n"
+               "        back.extend(c.recv(1 << 16))\n"
+               "t = threading.Thread(target=read); t.start(); c.sendall(data); t.join()\n"
+               "print(bytes(back) == data)\n")
+
+
+def test_a_delayed_host_s_bulk_data_arrives_intact_and_heal_restores_the_link(hosts):
+    echo = hosts.run(0, [sys.executable, "-c", _ECHO], stdout=subprocess.PIPE, text=True)
+    assert echo.stdout.readline().strip() == "ready"
+    _serve_on(hosts, 0)
+    ports = _bridge_ports(hosts)
+    _delay_or_skip(hosts, 1, 50)
+    assert len(_switch_pids(hosts)) == 1  # the forwarder
+    # Large TCP segments and checksums left to the veth cross the forwarder both ways.
+    out = subprocess.run(hosts.command(1, [sys.executable, "-c", _ROUND_TRIP, hosts.address(0),
+                                           str(4 << 20)]), capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "True", out
+    hosts.heal(1)
+    assert _switch_pids(hosts) == []
+    assert _bridge_ports(hosts) == ports  # the TAP device gone, the port back on the bridge
+    assert _connect_s(hosts, 0) < 0.2
+    _delay_or_skip(hosts, 1, 50)  # and it can be delayed again
+    assert _connect_s(hosts, 0) >= 0.05
 
 
 def test_close_kills_processes_and_deletes_namespaces():
     hosts = netns_hosts(1)
     with hosts:
         proc = hosts.run(0, [sys.executable, "-c", "import time; time.sleep(600)"])
-        names = list(hosts.names)
+        names = [*hosts.names, hosts.switch]
+        try:
+            hosts.delay(0, 10)
+            forwarders = _switch_pids(hosts)
+        except FaultUnavailable:
+            forwarders = []
     assert proc.poll() is not None
+    for pid in forwarders:
+        assert not os.path.exists(f"/proc/{pid}"), pid
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                             timeout=10).stdout
     assert not any(name in listed for name in names)

@@ -6,9 +6,11 @@ plugged by a veth pair into a bridge that lives in a namespace of its own, so no
 caller's network stack changes. ``link_down(i)`` unplugs host i at the bridge: its peers get no
 reset and no error, their packets just stop arriving, as after a power loss or a partition;
 ``link_up(i)`` plugs it back in. ``drop(i, ...)`` loses a share of host i's packets (all of
-them, or those to and from one peer: an asymmetric partition) with iptables, ``delay(i, ms)``
-delays them with tc's netem; both raise :class:`FaultUnavailable` where the tool or the
-kernel module is missing. ``run(i, argv)`` starts a process on host i. Leaving the
+them, or those to and from one peer: an asymmetric partition) with iptables; ``delay(i, ms)``
+delays the frames it sends with a forwarder of its own (tools/delay_link.py: a packet socket on
+its switch port and a TAP device on the bridge, so no kernel module is needed: tc's netem is
+missing from many kernels); both raise :class:`FaultUnavailable` where iptables or
+/dev/net/tun is missing. ``run(i, argv)`` starts a process on host i. Leaving the
 ``with`` block (or ``close()``) kills the processes it started, by pid, and deletes the
 namespaces, also after a failure.
 
@@ -30,13 +32,16 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import select
 import signal
 import subprocess
+import sys
 from typing import Any, Sequence
 
 SUBNET_PREFIX = "10.77.0."
 _IP_TIMEOUT_S = 10.0
 _STOP_TIMEOUT_S = 10.0
+_DELAY_LINK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "delay_link.py")
 
 
 class NetnsUnavailable(RuntimeError):
@@ -59,8 +64,9 @@ class Hosts:
             raise NetnsUnavailable("network namespaces need root (ip netns add); run as root")
         tag = secrets.token_hex(3)
         self.names = [f"tfe-{tag}-h{i}" for i in range(count)]
-        self._switch = f"tfe-{tag}-sw"
+        self.switch = f"tfe-{tag}-sw"  # the bridge's namespace
         self._procs: list[subprocess.Popen] = []
+        self._delays: dict[int, subprocess.Popen] = {}  # host -> its delay_link forwarder
         self._made: list[str] = []
         try:
             self._build()
@@ -70,21 +76,21 @@ class Hosts:
 
     def _build(self) -> None:
         try:
-            _ip("netns", "add", self._switch)
+            _ip("netns", "add", self.switch)
         except subprocess.CalledProcessError as e:
             raise NetnsUnavailable(f"`ip netns add` is not permitted here: "
                                    f"{e.stderr.strip() or e}") from None
-        self._made.append(self._switch)
-        _ip("-n", self._switch, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self._switch, "link", "set", "br0", "up")
+        self._made.append(self.switch)
+        _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.switch, "link", "set", "br0", "up")
         for i, name in enumerate(self.names):
             _ip("netns", "add", name)
             self._made.append(name)
             port = self._port(i)
             _ip("link", "add", "eth0", "netns", name, "type", "veth",
-                "peer", "name", port, "netns", self._switch)
-            _ip("-n", self._switch, "link", "set", port, "master", "br0")
-            _ip("-n", self._switch, "link", "set", port, "up")
+                "peer", "name", port, "netns", self.switch)
+            _ip("-n", self.switch, "link", "set", port, "master", "br0")
+            _ip("-n", self.switch, "link", "set", port, "up")
             _ip("-n", name, "addr", "add", f"{self.address(i)}/24", "dev", "eth0")
             _ip("-n", name, "link", "set", "eth0", "up")
             _ip("-n", name, "link", "set", "lo", "up")
@@ -122,11 +128,11 @@ class Hosts:
 
     def link_down(self, i: int) -> None:
         """Unplugs host i at the bridge: nothing reaches it or leaves it, and nobody is told."""
-        _ip("-n", self._switch, "link", "set", self._port(i), "down")
+        _ip("-n", self.switch, "link", "set", self._port(i), "down")
 
     def link_up(self, i: int) -> None:
         """Plugs host i back in; its connections resume where TCP's retransmissions left them."""
-        _ip("-n", self._switch, "link", "set", self._port(i), "up")
+        _ip("-n", self.switch, "link", "set", self._port(i), "up")
 
     def drop(self, i: int, probability: float = 1.0, peer: int | None = None) -> None:
         """Host i loses `probability` of the packets it sends and receives (only those to and
@@ -139,21 +145,48 @@ class Hosts:
             self._in(i, "iptables", "-A", chain, *where, *match, "-j", "DROP")
 
     def delay(self, i: int, ms: float) -> None:
-        """Host i's outgoing packets wait `ms` (tc netem); `heal(i)` ends it."""
-        if shutil.which("tc") is None:
-            raise FaultUnavailable("delays need tc (iproute2)")
-        try:
-            self._in(i, "tc", "qdisc", "add", "dev", "eth0", "root", "netem", "delay", f"{ms}ms")
-        except FaultUnavailable as e:
-            raise FaultUnavailable(f"delays need the kernel's netem qdisc (sch_netem), which "
-                                   f"this kernel does not offer: {e}") from None
+        """Host i's outgoing frames wait `ms` (its incoming ones do not); `heal(i)` ends it.
+
+        Host i's switch port leaves the bridge for a forwarder (tools/delay_link.py, started
+        here and ended by pid at heal or close) that passes its frames on through a TAP device
+        on the bridge; connections stay up.
+        """
+        if not os.path.exists("/dev/net/tun"):
+            raise FaultUnavailable("delays need /dev/net/tun (TAP devices)")
+        if i in self._delays:
+            raise ValueError(f"host {i} is delayed already: heal({i}) first")
+        tap = f"d{i}"
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.switch, sys.executable, _DELAY_LINK,
+             "--port", self._port(i), "--tap", tap, "--delay_ms", str(ms)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._procs.append(proc)
+        self._delays[i] = proc
+        if (not select.select([proc.stdout], [], [], _IP_TIMEOUT_S)[0]
+                or proc.stdout.readline().strip() != "ready"):
+            self._end_delay(i)
+            raise FaultUnavailable(f"the delaying forwarder did not start: "
+                                   f"{proc.stderr.read().strip()[-500:]}")
+        _ip("-n", self.switch, "link", "set", tap, "master", "br0")
+        _ip("-n", self.switch, "link", "set", tap, "up")
+        _ip("-n", self.switch, "link", "set", self._port(i), "nomaster")
 
     def heal(self, i: int) -> None:
-        """Ends host i's drops and delays."""
+        """Ends host i's drops and delays (a delay's frames still held are sent at once)."""
         if shutil.which("iptables") is not None:
             self._in(i, "iptables", "-F")
-        subprocess.run(self.command(i, ["tc", "qdisc", "del", "dev", "eth0", "root"]),
-                       capture_output=True, timeout=_IP_TIMEOUT_S)  # none there: nothing to do
+        if i in self._delays:  # back on the bridge before the forwarder goes: nothing lost
+            _ip("-n", self.switch, "link", "set", self._port(i), "master", "br0")
+            self._end_delay(i)
+
+    def _end_delay(self, i: int) -> None:
+        proc = self._delays.pop(i)
+        proc.stdin.close()  # the forwarder's cue: send what it holds, then exit
+        try:
+            proc.wait(timeout=_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=_STOP_TIMEOUT_S)
 
     def _in(self, i: int, *argv: str) -> None:
         done = subprocess.run(self.command(i, argv), capture_output=True, text=True,
@@ -176,6 +209,7 @@ class Hosts:
             except subprocess.TimeoutExpired:
                 pass
         self._procs.clear()
+        self._delays.clear()
         for name in reversed(self._made):
             try:
                 _ip("netns", "del", name)
