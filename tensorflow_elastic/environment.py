@@ -28,6 +28,7 @@ GENERATION = "TFE_GENERATION"           # restart mode: the generation it starts
 NODE_FILE = "TFE_NODE_FILE"             # in-process mode: where the worker tells its agent its id
 ERROR_FILE = "TFE_ERROR_FILE"           # where a failing worker writes its exception
 SPARE_FD = "TFE_SPARE_FD"               # a spare: the pipe its agent says "join now" on
+DEATH_NOTICE_FD = "TFE_DEATH_NOTICE_FD"  # the mutex a worker holds so its agent knows of its death at once
 
 # ---- what a worker reports and how patient it is
 EVENTS_FILE = "TFE_EVENTS_FILE"         # the shared JSON-lines record of what happened

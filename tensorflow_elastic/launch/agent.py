@@ -29,6 +29,7 @@ import time
 from typing import Callable, Sequence, TextIO
 
 from tensorflow_elastic import environment
+from tensorflow_elastic.death_notice import DeathNotice
 from tensorflow_elastic.launch import repeats
 from tensorflow_elastic.launch.decision import Action, Do, Situation, decide
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
@@ -292,15 +293,32 @@ class LocalAgent:
         env.update(extra)
         if self.spec.events_file:
             env[environment.EVENTS_FILE] = self.spec.events_file
+        notice = DeathNotice.make() if self.membership is not None else None
+        if notice is not None:
+            env[environment.DEATH_NOTICE_FD] = str(notice.fd)
+            pass_fds = [*pass_fds, notice.fd]
         try:
-            return WorkerProcess(self.spec.command(), worker_env(env), error_file, label=label,
-                                 stdout=self._stdout, stderr=self._stderr,
-                                 pass_fds=[s.fileno() for s in launch.sockets] + list(pass_fds),
-                                 log_file=os.path.join(worker_dir, "output.log"),
-                                 verbose=self.spec.verbose, on_exit=self._wake.set)
+            process = WorkerProcess(self.spec.command(), worker_env(env), error_file, label=label,
+                                    stdout=self._stdout, stderr=self._stderr,
+                                    pass_fds=[s.fileno() for s in launch.sockets] + list(pass_fds),
+                                    log_file=os.path.join(worker_dir, "output.log"),
+                                    verbose=self.spec.verbose, on_exit=self._wake.set)
         finally:
             for held in launch.sockets:
                 held.close()
+            if notice is not None:
+                notice.passed()
+        if notice is not None:
+            notice.watch(lambda: process.poll() is None, lambda: self._death_noticed(process))
+        return process
+
+    def _death_noticed(self, process: WorkerProcess) -> None:
+        """From a death notice's thread: a worker died holding its notice (killed, crashed).
+        Its peers may be blocked on it: the orchestrator learns it now, before the kernel has
+        freed the process's memory; its exit code and the rest follow when it is reaped."""
+        slot = next((i for i, w in enumerate(self._workers) if w is process), None)
+        if slot is not None and self.membership is not None:
+            self.membership.report_death(slot, "its process died (noticed before it was reaped)")
 
     def _spare_label(self, number: int) -> str:
         slot = self._took_spare.get(number)

@@ -26,6 +26,7 @@ from typing import Any, Callable, TypeVar
 
 from tensorflow.python.distribute import distribute_lib
 
+from tensorflow_elastic import death_notice as death_notice_lib
 from tensorflow_elastic import environment, memory, net
 from tensorflow_elastic.errors import ElasticJobFailed, MembershipChanged, StateLayoutMismatch
 from tensorflow_elastic.membership.session import (DEFAULT_BARRIER_TIMEOUT_S,
@@ -96,9 +97,13 @@ class ElasticRuntime:
 
     def __init__(self, session: MembershipSession, interrupts: CollectiveInterrupter,
                  address_reservation: socket.socket | None = None,
-                 exit_timeout: float = DEFAULT_EXIT_TIMEOUT_S):
+                 exit_timeout: float = DEFAULT_EXIT_TIMEOUT_S,
+                 death_notice: death_notice_lib.Holder | None = None):
         self.session = session
         self._exit_timeout = exit_timeout
+        # Held by the main thread from start() to the interpreter's exit: a death that skips
+        # the exit (a signal, a crash) reaches the agent before the process can be reaped.
+        self._death_notice = death_notice
         self._interrupts = interrupts
         self._address_reservation = address_reservation
         self.strategy: distribute_lib.Strategy | None = None
@@ -126,6 +131,9 @@ class ElasticRuntime:
         A node that comes after the job completed has nothing to do: it says so and the
         process exits successfully (training is not started again for it).
         """
+        if self._death_notice is not None and \
+                threading.current_thread() is threading.main_thread():
+            self._death_notice.hold()
         try:
             self.session.start()
         except JobCompleteError as e:
@@ -141,6 +149,8 @@ class ElasticRuntime:
 
     def _exit_job_complete(self, error: JobCompleteError) -> None:
         """Nothing is left to train for this node: it says so and the process exits 0."""
+        if self._death_notice is not None:
+            self._death_notice.release()
         self.session.client.close()
         logger.warning("%s; this node exits", error.message)
         raise SystemExit(0) from None
@@ -150,6 +160,8 @@ class ElasticRuntime:
         and channels (a gRPC call left open in a daemon thread can hold the exit forever), under
         a deadline that ends the process if anything else holds it; a node that finished its
         training exits successfully even then."""
+        if self._death_notice is not None:
+            self._death_notice.release()
         bound_exit(self._exit_timeout, finished=self.session.finished)
         self.session.client.close()
         self.session.close()
@@ -554,8 +566,10 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
                                                DEFAULT_BARRIER_TIMEOUT_S),
             node_file_path=environment.text(environment.NODE_FILE, ""),
             spare=Spare.from_environment())
-        runtime = ElasticRuntime(session, interrupts, address_reservation=reservation,
-                                 exit_timeout=exit_timeout)
+        runtime = ElasticRuntime(
+            session, interrupts, address_reservation=reservation, exit_timeout=exit_timeout,
+            death_notice=death_notice_lib.holder_from_env(
+                environment.pop(environment.DEATH_NOTICE_FD)))
         runtime.start()
         _runtime = runtime
         return runtime

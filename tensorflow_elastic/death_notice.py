@@ -1,0 +1,143 @@
+"""A worker's death known as it dies: a robust mutex the worker holds in memory it shares
+with its agent.
+
+A killed process closes its files (its pipe to the agent, its sockets to its peers) and can be
+reaped only after the kernel has freed its memory: 30-45 ms for a TensorFlow process, more at
+model sizes. The kernel releases the robust mutexes a thread holds as the thread exits, before
+that: the agent's waiter wakes with EOWNERDEAD within a millisecond (benchmarks/death_notice.py),
+and the agent tells the orchestrator at once. A worker that exits through Python (success or an
+exception) releases the mutex first, so only deaths that skip the interpreter's exit (a signal,
+a crash, ``os._exit``) are reported this way; their exit code comes later, when the process is
+reaped, as for every worker.
+
+Linux with glibc (robust process-shared mutexes); elsewhere nothing is set up and a death is
+known when the process is reaped.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import threading
+import time
+from typing import Callable
+
+PTHREAD_PROCESS_SHARED = 1
+PTHREAD_MUTEX_ROBUST = 1
+MUTEX_BYTES = 64  # pthread_mutex_t is 40 bytes on x86-64 and 48 on aarch64 glibc
+# After the mutex, one int32 the worker sets: HELD once it holds the mutex (the agent may wait
+# on it from then on; waiting before would take the mutex from the worker), RELEASED before a
+# normal exit.
+STATE_OFFSET = MUTEX_BYTES
+HELD, RELEASED = 1, 2
+SHARED_BYTES = MUTEX_BYTES + 8
+# How often a watcher looks whether its worker holds the mutex yet.
+HELD_POLL_S = 0.05
+
+
+def _pthreads() -> ctypes.CDLL | None:
+    """glibc's pthread functions, or None where robust mutexes are unavailable."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.pthread_mutexattr_setrobust  # noqa: B018 - present in glibc only
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+class _Shared:
+    """The mutex and its state word, mapped from ``fd``."""
+
+    def __init__(self, fd: int, libc: ctypes.CDLL):
+        self.libc = libc
+        self.memory = mmap.mmap(fd, SHARED_BYTES)
+        self.mutex = ctypes.c_void_p(ctypes.addressof(ctypes.c_char.from_buffer(self.memory)))
+        self._state = ctypes.c_int32.from_buffer(self.memory, STATE_OFFSET)
+
+    @property
+    def state(self) -> int:
+        return self._state.value
+
+    @state.setter
+    def state(self, value: int) -> None:
+        self._state.value = value
+
+
+class DeathNotice:
+    """The agent's side, for one worker process: made before the worker starts (``fd`` and
+    ``env`` go to it), watched once it runs."""
+
+    def __init__(self, libc: ctypes.CDLL):
+        self.fd = os.memfd_create("tfe-death-notice", os.MFD_CLOEXEC)
+        os.ftruncate(self.fd, SHARED_BYTES)
+        self._shared = _Shared(self.fd, libc)
+        attr = ctypes.create_string_buffer(16)  # pthread_mutexattr_t: 4 bytes
+        libc.pthread_mutexattr_init(attr)
+        libc.pthread_mutexattr_setpshared(attr, PTHREAD_PROCESS_SHARED)
+        libc.pthread_mutexattr_setrobust(attr, PTHREAD_MUTEX_ROBUST)
+        if libc.pthread_mutex_init(self._shared.mutex, attr) != 0:
+            os.close(self.fd)
+            raise OSError("pthread_mutex_init of a robust process-shared mutex failed")
+
+    @classmethod
+    def make(cls) -> DeathNotice | None:
+        """A notice, or None where robust mutexes are unavailable."""
+        libc = _pthreads()
+        return None if libc is None or not hasattr(os, "memfd_create") else cls(libc)
+
+    def passed(self) -> None:
+        """The worker has its copy of the descriptor: the agent keeps only the mapping."""
+        os.close(self.fd)
+
+    def watch(self, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
+        """Calls ``on_death`` (in a thread of its own) when the worker dies holding the mutex;
+        nothing when it released the mutex first or never held it (``running`` turned False:
+        a worker that does not use the notice, as a restart-mode script)."""
+        threading.Thread(target=self._wait, args=(running, on_death), daemon=True,
+                         name="tfe-death-notice").start()
+
+    def _wait(self, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
+        shared = self._shared
+        while shared.state != HELD:
+            if shared.state == RELEASED or not running():
+                return
+            time.sleep(HELD_POLL_S)
+        if shared.libc.pthread_mutex_lock(shared.mutex) == errno.EOWNERDEAD and \
+                shared.state != RELEASED:
+            on_death()
+
+
+class Holder:
+    """The worker's side: holds the mutex from ``hold`` until ``release``, on the thread that
+    holds it (the main thread: it lives as long as the process)."""
+
+    def __init__(self, fd: int, libc: ctypes.CDLL):
+        self._shared = _Shared(fd, libc)
+        os.close(fd)
+        self._held = False
+
+    def hold(self) -> None:
+        if self._shared.libc.pthread_mutex_lock(self._shared.mutex) != 0:
+            raise OSError("could not hold the death notice's mutex")
+        self._shared.state = HELD
+        self._held = True
+
+    def release(self) -> None:
+        """Before a normal exit: the agent is not told of a death."""
+        if self._held:
+            self._shared.state = RELEASED
+            self._shared.libc.pthread_mutex_unlock(self._shared.mutex)
+            self._held = False
+
+
+def holder_from_env(value: str | None) -> Holder | None:
+    """The worker's holder for the descriptor its agent passed down (TFE_DEATH_NOTICE_FD), or
+    None without one."""
+    if not value:
+        return None
+    libc = _pthreads()
+    if libc is None:
+        return None
+    return Holder(int(value), libc)

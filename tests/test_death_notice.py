@@ -1,0 +1,73 @@
+"""A worker's death notice (tensorflow_elastic/death_notice.py): the agent's side learns of a
+death that skips the interpreter's exit, and of nothing else."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tensorflow_elastic import environment
+from tensorflow_elastic.death_notice import DeathNotice
+
+# Holds the notice passed down, says so, then does what argv[1] says.
+_WORKER = (
+    "import os, sys, time\n"
+    "from tensorflow_elastic import death_notice, environment\n"
+    "holder = death_notice.holder_from_env(environment.pop(environment.DEATH_NOTICE_FD))\n"
+    "if sys.argv[1] != 'never': holder.hold()\n"
+    "print('holding', flush=True)\n"
+    "if sys.argv[1] == 'wait': time.sleep(600)\n"
+    "if sys.argv[1] == 'crash': os._exit(3)\n"
+    "if sys.argv[1] == 'exit': holder.release()\n")
+
+
+@pytest.fixture
+def notice():
+    made = DeathNotice.make()
+    if made is None:
+        pytest.skip("robust process-shared mutexes need Linux with glibc")
+    return made
+
+
+def _worker(notice: DeathNotice, how: str) -> tuple[subprocess.Popen, threading.Event]:
+    env = dict(os.environ, **{environment.DEATH_NOTICE_FD: str(notice.fd)})
+    proc = subprocess.Popen([sys.executable, "-c", _WORKER, how], env=env, pass_fds=[notice.fd],
+                            stdout=subprocess.PIPE, text=True)
+    notice.passed()
+    died = threading.Event()
+    notice.watch(lambda: proc.poll() is None, died.set)
+    assert proc.stdout.readline().strip() == "holding"
+    return proc, died
+
+
+def test_a_killed_worker_is_noticed(notice):
+    proc, died = _worker(notice, "wait")
+    os.kill(proc.pid, signal.SIGKILL)
+    assert died.wait(30)
+    proc.wait(30)
+
+
+def test_a_worker_that_dies_without_the_interpreter_s_exit_is_noticed(notice):
+    proc, died = _worker(notice, "crash")
+    assert died.wait(30)
+    assert proc.wait(30) == 3
+
+
+@pytest.mark.parametrize("how", ["exit", "never"])
+def test_a_normal_exit_or_a_worker_that_never_held_it_is_no_death(notice, how):
+    proc, died = _worker(notice, how)
+    assert proc.wait(30) == 0
+    watchers = [t for t in threading.enumerate() if t.name == "tfe-death-notice"]
+    for t in watchers:
+        t.join(30)
+    assert not died.is_set()
+
+
+def test_no_descriptor_no_holder():
+    from tensorflow_elastic.death_notice import holder_from_env
+    assert holder_from_env(None) is None and holder_from_env("") is None
