@@ -75,6 +75,7 @@ class LocalAgent:
         self._stdout = stdout or sys.stdout
         self._stderr = stderr or sys.stderr
         self._workers: list[WorkerProcess | None] = [None] * spec.nproc_per_node
+        self._ended = False
         self._exit_codes: list[int | None] = [None] * spec.nproc_per_node
         # Slots whose worker failed with an error a restart cannot fix.
         self._final: set[int] = set()
@@ -109,6 +110,7 @@ class LocalAgent:
         try:
             return self._run()
         finally:
+            self._ended = True  # deaths from here on are the agent's own kills
             self._spares.dismiss(0.0)  # killed, if an ending below did not dismiss them
             for worker in self._workers:
                 if worker is not None and worker.poll() is None:
@@ -317,8 +319,12 @@ class LocalAgent:
         Its peers may be blocked on it: the orchestrator learns it now, before the kernel has
         freed the process's memory; its exit code and the rest follow when it is reaped."""
         slot = next((i for i, w in enumerate(self._workers) if w is process), None)
-        if slot is not None and self.membership is not None:
+        if slot is None or self.membership is None or self._ended:
+            return
+        try:
             self.membership.report_death(slot, "its process died (noticed before it was reaped)")
+        except Exception as e:  # noqa: BLE001 - the reap reports it again, or the agent ended
+            self._info("early report of worker %d's death failed: %s", slot, e)
 
     def _spare_label(self, number: int) -> str:
         slot = self._took_spare.get(number)
