@@ -37,6 +37,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from typing import Sequence
 
 SOURCES = ("cc/ops/*.cc", "cc/kernels/*.cc", "cc/python/*.cc")
 WARNINGS = ("-Wno-deprecated-declarations", "-Wno-sign-compare")
@@ -132,8 +133,9 @@ def compile_flags(root: str, tf: TensorFlowBuild, pybind11_include: str,
 
 def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
           compiler: str | None = None, jobs: int | None = None, log=print,
-          asan: bool = False) -> str:
-    """Compiles every source in parallel, then links ``out``; returns ``out``.
+          asan: bool = False, sources: Sequence[str] = SOURCES) -> str:
+    """Compiles every source (``sources``: glob patterns under ``root``) in parallel, then
+    links ``out``; returns ``out``.
 
     With ``asan`` the library is built with AddressSanitizer (see the module's docstring).
     """
@@ -142,11 +144,11 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
     if shutil.which(compiler) is None:
         raise BuildError(f"no C++ compiler ({compiler} not found): install g++ (build-essential) "
                          f"or set CXX")
-    sources = sorted(p for pattern in SOURCES for p in glob.glob(os.path.join(root, pattern)))
+    files = sorted(p for pattern in sources for p in glob.glob(os.path.join(root, pattern)))
     flags = compile_flags(root, tf, pybind11_include, asan)
     jobs = jobs or os.cpu_count() or 1
     log(f"building the {'AddressSanitizer ' if asan else ''}op library against TensorFlow "
-        f"{tf.version}: {len(sources)} sources, "
+        f"{tf.version}: {len(files)} sources, "
         f"{jobs} at a time, about 15 s each ({compiler})")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="tfe-ops-") as objects:
@@ -158,10 +160,10 @@ def build(root: str, out: str, tf: TensorFlowBuild, pybind11_include: str,
         done = []
         pool = concurrent.futures.ThreadPoolExecutor(jobs)
         try:
-            futures = {pool.submit(compile_one, s): s for s in sources}
+            futures = {pool.submit(compile_one, s): s for s in files}
             for future in concurrent.futures.as_completed(futures):
                 done.append(future.result())
-                log(f"  [{len(done)}/{len(sources)}] {os.path.relpath(futures[future], root)} "
+                log(f"  [{len(done)}/{len(files)}] {os.path.relpath(futures[future], root)} "
                     f"({time.monotonic() - started:.0f} s)")
         finally:
             pool.shutdown(cancel_futures=True)  # after a failure, the rest is not compiled
