@@ -138,6 +138,10 @@ class ElasticRuntime:
             self.session.start()
         except JobCompleteError as e:
             self._exit_job_complete(e)
+        except BaseException:
+            if self._death_notice is not None:
+                self._death_notice.release()  # an exception through Python is no death
+            raise
         cluster.configure(self.session.node_id)
         if threading.current_thread() is threading.main_thread():
             # A preemption notice: finish the step, commit, leave; nobody rolls back.
