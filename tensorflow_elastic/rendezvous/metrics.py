@@ -35,18 +35,28 @@ class Metrics:
         self.rpcs = prom.Counter("tfelastic_rpcs", "RPCs served, by method and status code.",
                                  ["method", "code"], registry=self.registry)
         self._endpoint = Endpoint(self.registry)
+        # The labelled series, looked up once: a formation reports every join and counts
+        # every call, and a lookup by labels costs more than the update.
+        self._run_gauges: dict[str, tuple[prom.Gauge, prom.Gauge, prom.Gauge]] = {}
+        self._rpc_counts: dict[tuple[str, str], prom.Counter] = {}
 
     def membership_changed(self, run_id: str, generation: int, members: int,
                            waiting: int) -> None:
-        self.members.labels(run_id).set(members)
-        self.generation.labels(run_id).set(generation)
-        self.waiting.labels(run_id).set(waiting)
+        gauges = self._run_gauges.get(run_id)
+        if gauges is None:
+            gauges = self._run_gauges[run_id] = (self.members.labels(run_id),
+                                                 self.generation.labels(run_id),
+                                                 self.waiting.labels(run_id))
+        gauges[0].set(members)
+        gauges[1].set(generation)
+        gauges[2].set(waiting)
 
     def rendezvous_done(self, run_id: str, seconds: float) -> None:
         self.rendezvous.labels(run_id).observe(seconds)
 
     def forget_run(self, run_id: str) -> None:
         """Drops a deleted run's series, so that expired runs do not pile up in /metrics."""
+        self._run_gauges.pop(run_id, None)
         for metric in (self.members, self.generation, self.waiting, self.rendezvous):
             try:
                 metric.remove(run_id)
@@ -54,7 +64,10 @@ class Metrics:
                 pass  # the run never had this series
 
     def rpc_done(self, method: str, code: str) -> None:
-        self.rpcs.labels(method, code).inc()
+        counter = self._rpc_counts.get((method, code))
+        if counter is None:  # methods and codes are few (rpc_refused names no other method)
+            counter = self._rpc_counts[method, code] = self.rpcs.labels(method, code)
+        counter.inc()
 
     def rpc_refused(self, path: str) -> None:
         """Counts a call refused for its token, under its method's name; a path outside the

@@ -44,6 +44,7 @@ from tensorflow_elastic.rendezvous.settings import (
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore, Snapshot
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
+from tensorflow_elastic.rendezvous.wake import Wake
 
 
 # Connection attempts to reported peers that one run makes at once.
@@ -110,7 +111,7 @@ class Run:
         self._published_version = 0
         self._saving: MembershipUpdate | None = None
         self._watch_wake = asyncio.Event()
-        self._join_wake = asyncio.Event()
+        self._join_wake = Wake()
         self._timer: asyncio.Task | None = None
         self._closed = False
         # Since when the run has had no live node (None: it has one); see idle_for.
@@ -230,7 +231,7 @@ class Run:
             elif step is JoinStep.ENQUEUE:
                 self._enqueue(node)
         membership = await self._wait_for_generation(node, last_generation, timeout)
-        return dataclasses.replace(membership, taken_back_after=removal)
+        return dataclasses.replace(membership, taken_back_after=removal) if removal else membership
 
     def _take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
         """A removed node whose process was alive all along joins again: it waits to be admitted
@@ -436,22 +437,23 @@ class Run:
             node = state.register(address, nonce)
             self._liveness.touch(node.node_id, self._clock.now())
             if enqueue:
-                self._enqueue(node)
+                ticket = self._enqueue(node)
             else:
                 self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                           f"registered, address {address}", address=address)
-            ticket = self._save()
+                ticket = self._save()
         await self._committer.wait(ticket)
         refusals.check_not_failed(state)
         return node
 
-    def _enqueue(self, node: Node, detail: str = "") -> None:
-        """Puts a node in the waiting queue: the next generation admits it."""
+    def _enqueue(self, node: Node, detail: str = "") -> int:
+        """Puts a node in the waiting queue: the next generation admits it. Returns the save's
+        ticket."""
         self._state.enqueue(node)
         self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                   detail or f"waiting, address {node.address}", address=node.address)
         self._maybe_form()
-        self._commit(wakes_joins=False)
+        return self._commit(wakes_joins=False)
 
     async def _wait_for_generation(self, node: Node, after: int, timeout: float) -> Membership:
         state = self._state
@@ -473,7 +475,7 @@ class Run:
                 if remaining <= 0:
                     raise RendezvousTimeoutError(
                         refusals.join_timeout_message(state, node, timeout))
-                await _wait(self._join_wake, remaining)
+                await self._join_wake.wait(remaining)
         finally:
             self._stop_holding(node.node_id)
         self._ack(node.node_id)
@@ -636,7 +638,7 @@ class Run:
         ticket = self._save()
         self._version += 1
         if wakes_joins:
-            self._join_wake = _woken(self._join_wake)
+            self._join_wake.wake()
         self._report_membership()
         return ticket
 
