@@ -1,9 +1,10 @@
 """The orchestrator of elastic runs and its client.
 
 Server side: server (gRPC) -> service (checks requests) -> run (the generation state machine:
-calls, waits, timers; refusals says why it refuses a call), which keeps run_state (the state's
-pure transitions; saved via store), gathers, liveness and blocklist; client.py calls it, and
-keepalive.py carries the heartbeats of all a process's nodes on one stream. Member maps travel
+calls, waits, timers; refusals says why it refuses a call; wake.py the wake-up its waiting
+joins share), which keeps run_state (the state's pure transitions; saved via store), gathers,
+liveness and blocklist; client.py calls it, and keepalive.py carries the heartbeats of all a
+process's nodes on one stream. Member maps travel
 as deltas against the map the client holds: member_deltas.py (digest, diff, apply, the maps
 a run keeps), map_replies.py (their encoding in join replies and watch updates).
 A worker's side of membership (its session, phase and watchdog) lives in membership/.
