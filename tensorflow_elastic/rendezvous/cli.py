@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -17,6 +18,13 @@ from tensorflow_elastic.rendezvous.server import Orchestrator, check_advertise
 from tensorflow_elastic.rendezvous.settings import RunSettings
 
 DEFAULT_PORT = 29400
+# Allocations between two young collections of the command's process (Python's default: 700).
+# Each young collection promotes what is alive then (the calls in flight, the streams), and
+# every ten promotions a collection of the oldest generation scans all that the process holds:
+# at 10,000 nodes 0.3-0.5 s of the serving loop each, several times a second's worth during a
+# formation, and one in the middle of a re-form. Fewer young collections promote far fewer
+# objects that would have died anyway, so the full scans come as much less often.
+GC_YOUNG_THRESHOLD = 20_000
 
 _DESCRIPTION = """\
 Serves the membership of elastic runs: nodes join and get permanent ids and
@@ -150,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if refusal:
         parser.error(refusal)
     settings = RunSettings(**{field: getattr(args, field) for field in _SETTING_FLAGS})
+    collect_for_serving()
     server = Orchestrator(args.host, args.port, state_dir=args.state_dir, token=token,
                           tls_cert=args.tls_cert, tls_key=args.tls_key,
                           metrics_port=args.metrics_port, metrics_host=args.metrics_host,
@@ -177,6 +186,15 @@ def main(argv: list[str] | None = None) -> int:
     server.stop()
     return 0
 
+
+
+def collect_for_serving() -> None:
+    """Sets this process's garbage collection for a long-lived server of many streams: what
+    start-up loaded (modules, flags) is frozen out of every later scan, and young collections
+    run every GC_YOUNG_THRESHOLD allocations."""
+    gc.freeze()
+    _, middle, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, oldest)
 
 
 def _store_access(args: argparse.Namespace) -> EtcdAccess:

@@ -4,6 +4,7 @@ capped, idle runs expire, and an idle run costs no timer."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 
@@ -15,7 +16,7 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import (Client, NodeRemovedError,
                                            Orchestrator, RendezvousError, RunSettings, service)
-from tensorflow_elastic.rendezvous import run_state
+from tensorflow_elastic.rendezvous import cli, run_state
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import Node, RunState
@@ -224,3 +225,18 @@ def test_probes_of_reported_peers_are_bounded(monkeypatch):
     verdicts = asyncio.run(main())
     assert most == run_module.MAX_CONCURRENT_PROBES
     assert not any(verdicts), "a probe that says nothing of the peer keeps it"
+
+
+def test_the_orchestrator_command_collects_garbage_for_a_long_lived_server():
+    # At 10,000 nodes a scan of every object the process holds took 0.3-0.5 s of the serving
+    # loop, several times a formation: the command's process freezes what start-up loaded and
+    # collects young objects less often, so those scans come far less often.
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
+    try:
+        cli.collect_for_serving()
+        assert gc.get_threshold()[0] == cli.GC_YOUNG_THRESHOLD > threshold[0]
+        assert gc.get_threshold()[1:] == threshold[1:]
+        assert gc.get_freeze_count() > frozen
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*threshold)
