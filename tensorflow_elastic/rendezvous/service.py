@@ -191,17 +191,21 @@ class RendezvousService:
                                   f"or join first", reason=UNKNOWN_RUN)
         return run
 
-    def handler(self) -> grpc.GenericRpcHandler:
-        """The service's method handlers; a reply may be a message or its serialized bytes."""
-        service = pb.DESCRIPTOR.services_by_name["Rendezvous"]
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler]:
+        """The service's method handlers by method name; a reply may be a message or its
+        serialized bytes."""
         handlers = {}
-        for method in service.methods:
+        for method in _SERVICE.methods:
             make = _HANDLER_KINDS[method.client_streaming, method.server_streaming]
             handlers[method.name] = make(
                 getattr(self, method.name),
                 request_deserializer=getattr(pb, method.input_type.name).FromString,
                 response_serializer=_serialize)
-        return grpc.method_handlers_generic_handler(service.full_name, handlers)
+        return handlers
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        """The method handlers as one handler, for a server that routes calls itself."""
+        return grpc.method_handlers_generic_handler(_SERVICE.full_name, self.method_handlers())
 
     def _membership(self, run: Run) -> Membership:
         """The current membership of ``run``, taken once per change of the run."""
@@ -415,6 +419,7 @@ class RendezvousService:
                        for a, f, r in s.blocklist])
 
 
+_SERVICE = pb.DESCRIPTOR.services_by_name["Rendezvous"]
 # (client streaming, server streaming) -> how gRPC serves such a method.
 _HANDLER_KINDS = {
     (False, False): grpc.unary_unary_rpc_method_handler,

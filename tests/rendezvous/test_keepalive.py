@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import grpc
 
 from tensorflow_elastic.rendezvous import Client, keepalive
 from tensorflow_elastic.rendezvous.errors import NodeRemovedError
@@ -69,18 +68,14 @@ def test_the_nodes_of_a_process_share_one_stream_and_each_hears_its_own_answer()
 
 
 def test_an_orchestrator_without_keepalive_gets_unary_heartbeats(monkeypatch):
-    handler = RendezvousService.handler
+    method_handlers = RendezvousService.method_handlers
 
     def without_keepalive(self):
-        served = handler(self)
+        served = method_handlers(self)
+        del served["KeepAlive"]
+        return served
 
-        class Older(grpc.GenericRpcHandler):
-            def service(self, details):
-                return None if details.method.endswith("/KeepAlive") else served.service(details)
-
-        return Older()
-
-    monkeypatch.setattr(RendezvousService, "handler", without_keepalive)
+    monkeypatch.setattr(RendezvousService, "method_handlers", without_keepalive)
     with Orchestrator("127.0.0.1", 0, settings=RunSettings(last_call=0.1)) as server:
         [client] = _members(server.endpoint, 1)
         replies = []
