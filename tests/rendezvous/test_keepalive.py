@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-
 from tensorflow_elastic.rendezvous import Client, keepalive
 from tensorflow_elastic.rendezvous.errors import NodeRemovedError
 from tensorflow_elastic.rendezvous.server import Orchestrator
