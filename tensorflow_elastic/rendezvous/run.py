@@ -500,7 +500,8 @@ class Run:
         starts when its reply has been sent, not when the thousands of replies of a formation
         were queued together. A ``newcomer`` (whose beats start with this reply) stays held
         until its first beat, at most FIRST_BEAT_MAX_S longer: the beat streams of a large
-        formation open together, and their first beats are read seconds later."""
+        formation open together, and their first beats are read seconds later. A beat read
+        before the reply's sending was noted (the node got it: it beats) ends the hold too."""
         self._liveness.hold(node_id)
         loop = asyncio.get_running_loop()
         held = True
@@ -521,9 +522,10 @@ class Run:
                 return
             cap.cancel()
             cap = loop.call_later(FIRST_BEAT_MAX_S, release)
-            self._first_beats[node_id] = release
 
         cap = loop.call_later(REPLY_HOLD_MAX_S, release)
+        if newcomer:
+            self._first_beats[node_id] = release
         return reply_sent
 
     def _forget(self, node_id: int) -> None:

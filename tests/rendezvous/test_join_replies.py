@@ -156,6 +156,31 @@ def test_a_newcomer_that_never_beats_after_its_reply_is_removed_after_a_bounded_
     assert asyncio.run(scenario()) == ([0], [])
 
 
+def test_a_newcomer_whose_first_beat_is_read_before_its_reply_was_noted_sent_is_not_held(
+        monkeypatch):
+    """The beat proves the reply arrived: its silence counts from that beat, not from
+    FIRST_BEAT_MAX_S after the sending was noted."""
+    monkeypatch.setattr(run_module, "FIRST_BEAT_MAX_S", 5.0)
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> list[int]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        context = _Context()
+        await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23255", min_nodes=1,
+                                          max_nodes=1, nonce="n", timeout_s=10), context)
+        run = service._run("job")  # noqa: SLF001
+        run.heartbeat(0, 1)  # its first beat overtakes the reply's done-callback
+        for callback in context.done:
+            callback(context)
+        await asyncio.sleep(1.0)  # silent since: past the heartbeat timeout
+        after = sorted(run.membership().members)
+        await service.close()
+        return after
+
+    assert asyncio.run(scenario()) == []
+
+
 def test_a_join_reply_asks_a_large_run_for_slower_beats():
     assert settings_module.beat_interval_floor(500) == 0.25
     assert settings_module.beat_interval_floor(100) < 0.25
