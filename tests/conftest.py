@@ -282,6 +282,14 @@ def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worke
         worker.proc.wait(timeout=30)
 
 
+def pytest_collection_modifyitems(items):
+    """The multi-process tests take the machine's cores (and the network-namespace subnet): under
+    pyproject's two test processes they run one at a time, all in one of them."""
+    for item in items:
+        if item.get_closest_marker("multiprocess"):
+            item.add_marker(pytest.mark.xdist_group("multiprocess"))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failed multi-process test shows what every worker printed, not only the one it named."""
