@@ -6,12 +6,16 @@ import threading
 import time
 
 import grpc
+import pytest
 
 from tensorflow_elastic.rendezvous import Client, keepalive
 from tensorflow_elastic.rendezvous.errors import NodeRemovedError
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.service import RendezvousService
 from tensorflow_elastic.rendezvous.settings import RunSettings
+
+# Sub-second heartbeat timeouts on real threads: no other test process beside it.
+pytestmark = pytest.mark.serial
 
 INTERVAL_S = 0.1
 
