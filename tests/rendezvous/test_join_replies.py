@@ -181,6 +181,47 @@ def test_a_newcomer_whose_first_beat_is_read_before_its_reply_was_noted_sent_is_
     assert asyncio.run(scenario()) == []
 
 
+def test_a_member_that_joins_again_after_the_run_shrank_is_judged_by_the_beats_it_still_sends(
+        monkeypatch):
+    """Its beats keep the interval of the join that started them: the shorter one the smaller
+    run's reply asks for must not shorten its allowed silence."""
+    monkeypatch.setattr(settings_module, "RUN_BEATS_PER_S", 5.0)  # 4 nodes: 0.8 s; 1 node: 0.2 s
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=60.0)
+
+    async def scenario() -> tuple[float, float, list[int]]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        contexts = [_Context() for _ in range(4)]
+        replies = await asyncio.gather(*(service.Join(pb.JoinRequest(
+            run_id="job", address=f"127.0.0.1:{23270 + i}", min_nodes=1, max_nodes=4,
+            nonce=f"n{i}", timeout_s=10), context) for i, context in enumerate(contexts)))
+        for context in contexts:
+            for callback in context.done:
+                callback(context)
+        first = pb.JoinResponse.FromString(replies[0]).heartbeat_interval_s
+        run = service._run("job")  # noqa: SLF001
+        for node in range(4):
+            run.heartbeat(node, 1)
+        for node in (1, 2, 3):
+            await run.report_failure(node, 1, [node], "killed")
+        context = _Context()
+        again = pb.JoinResponse.FromString(await service.Join(pb.JoinRequest(
+            run_id="job", node_id=0, address="127.0.0.1:23270", min_nodes=1, max_nodes=4,
+            last_generation=1, timeout_s=10), context))
+        for callback in context.done:
+            callback(context)
+        for _ in range(3):  # node 0 beats at its first interval, as its beats were started
+            await asyncio.sleep(first)
+            run.heartbeat(0, run.membership().generation)
+        members = sorted(run.membership().members)
+        await service.close()
+        return first, again.heartbeat_interval_s, members
+
+    first, asked_again, members = asyncio.run(scenario())
+    assert (first, asked_again) == (0.8, 0.2)
+    assert members == [0]
+
+
 def test_a_join_reply_asks_a_large_run_for_slower_beats():
     assert settings_module.beat_interval_floor(500) == 0.25
     assert settings_module.beat_interval_floor(100) < 0.25
