@@ -87,7 +87,7 @@ class Run:
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
         self._intervals = BeatIntervals()
         # Newcomers whose join reply went out, until their first beat: what ends their hold.
-        self._first_beats: dict[int, Callable[[], None]] = {}
+        self._first_beats: dict[int, list[Callable[[], None]]] = {}  # the holds a beat ends
         now = clock.now()
         for node_id in state.nodes:
             self._liveness.touch(node_id, now)
@@ -256,9 +256,8 @@ class Run:
         state = self._state
         refusals.check_heartbeat(state, node_id, generation)
         if self._first_beats:
-            first = self._first_beats.pop(node_id, None)
-            if first is not None:
-                first()
+            for release in self._first_beats.pop(node_id, ()):
+                release()
         self._liveness.touch(node_id, self._clock.now())
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
@@ -511,8 +510,11 @@ class Run:
             if held:
                 held = False
                 cap.cancel()
-                if self._first_beats.get(node_id) is release:
-                    del self._first_beats[node_id]
+                waiting = self._first_beats.get(node_id, [])
+                if release in waiting:
+                    waiting.remove(release)
+                    if not waiting:
+                        del self._first_beats[node_id]
                 self._stop_holding(node_id)
 
         def reply_sent() -> None:
@@ -524,8 +526,8 @@ class Run:
             cap = loop.call_later(FIRST_BEAT_MAX_S, release)
 
         cap = loop.call_later(REPLY_HOLD_MAX_S, release)
-        if newcomer:
-            self._first_beats[node_id] = release
+        if newcomer:  # a join retried with its nonce holds it twice: one beat ends both
+            self._first_beats.setdefault(node_id, []).append(release)
         return reply_sent
 
     def _forget(self, node_id: int) -> None:

@@ -181,6 +181,32 @@ def test_a_newcomer_whose_first_beat_is_read_before_its_reply_was_noted_sent_is_
     assert asyncio.run(scenario()) == []
 
 
+def test_a_newcomer_whose_join_was_retried_is_held_by_neither_reply_after_its_first_beat(
+        monkeypatch):
+    monkeypatch.setattr(run_module, "FIRST_BEAT_MAX_S", 5.0)
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> list[int]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        contexts = [_Context(), _Context()]
+        for context in contexts:  # the same join twice (its first reply was lost): one node
+            await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23256",
+                                              min_nodes=1, max_nodes=1, nonce="n", timeout_s=10),
+                               context)
+        for context in contexts:
+            for callback in context.done:
+                callback(context)
+        run = service._run("job")  # noqa: SLF001
+        run.heartbeat(0, 1)
+        await asyncio.sleep(1.0)  # silent since: past the heartbeat timeout
+        after = sorted(run.membership().members)
+        await service.close()
+        return after
+
+    assert asyncio.run(scenario()) == []
+
+
 def test_a_member_that_joins_again_after_the_run_shrank_is_judged_by_the_beats_it_still_sends(
         monkeypatch):
     """Its beats keep the interval of the join that started them: the shorter one the smaller
