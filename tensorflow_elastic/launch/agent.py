@@ -323,7 +323,8 @@ class LocalAgent:
         Its peers may be blocked on it: the orchestrator learns it now, before the kernel has
         freed the process's memory; its exit code and the rest follow when it is reaped."""
         slot = next((i for i, w in enumerate(self._workers) if w is process), None)
-        if slot is None or self.membership is None or self._ended:
+        if slot is None or self.membership is None or self._ended \
+                or self.membership.finished(slot):  # past its training: no one waits on it
             return
         try:
             self.membership.report_death(slot, "its process died (noticed before it was reaped)")
