@@ -185,18 +185,25 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         raised by the commit before it: recovers as `tfe.run` does (back to the last commit or
         finish the step together, re-form, sync), then sets the input to that batch, which
         runs in this `fit` call (after the `fit` start's own collectives, when a member begins
-        its `fit` call now); or raises (what the loop decided, or StepRestarts: every member
-        enters `fit` again, from the synced state)."""
+        its `fit` call now: a failure in them is recovered from the same way); or raises (what
+        the loop decided, or StepRestarts: every member enters `fit` again, from the synced
+        state)."""
         runtime = runtime_lib.current()
-        beginning_fit = runtime.recover_in_step(self.state, error)
-        synced_to = (self.state.epoch, self.state.batch)
-        one_device_each = runtime.strategy.num_replicas_in_sync == runtime.membership.world_size
-        how = fit_retry.after_recovery(beginning_fit, self.state.last_synced, batch_start,
-                                       synced_to, one_device_each)
-        if isinstance(how, str):
-            raise runtime_lib.StepRestarts(how)
-        if how.with_new_fits:
-            self.model.reset_metrics()
+        while True:
+            beginning_fit = runtime.recover_in_step(self.state, error)
+            synced_to = (self.state.epoch, self.state.batch)
+            one_device_each = (runtime.strategy.num_replicas_in_sync
+                               == runtime.membership.world_size)
+            how = fit_retry.after_recovery(beginning_fit, self.state.last_synced, batch_start,
+                                           synced_to, one_device_each)
+            if isinstance(how, str):
+                raise runtime_lib.StepRestarts(how)
+            try:
+                if how.with_new_fits:
+                    self.model.reset_metrics()
+                break
+            except Exception as failed:  # noqa: BLE001 - the elastic loop's decision sorts it
+                error = failed
         if self._input is not None:
             self._input.seek(self._position(*batch_start), batch_start[0])
 

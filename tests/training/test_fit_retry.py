@@ -171,6 +171,28 @@ def test_the_fit_call_goes_on_while_a_member_that_did_not_recover_inside_its_fit
     assert len(resets) == 2, "the epoch's reset, then the one a beginning fit call runs"
 
 
+def test_a_failure_in_the_collectives_of_a_beginning_fit_is_recovered_from_in_the_same_call(
+        job):
+    """The metrics' reset this member runs with a newcomer's `fit` start fails (a member was
+    lost meanwhile): it recovers again and goes on in the same call."""
+    model, batches, fits = _model(), _Batches(), []
+    calls = _failing(model, at_calls={3})
+    resets = _counting_resets(model)
+    reset = model.reset_metrics
+
+    def failing_once():
+        reset()
+        if len(resets) == 2:
+            raise tf.errors.UnavailableError(None, None, "a member lost in the reset")
+
+    model.reset_metrics = failing_once
+    job.other_at, job.other = 2, _newcomer
+    assert _train(model, batches, fits)(tfe.State(epoch=0, batch=0)) == (1, 0)
+    assert len(fits) == 1, "fit was entered again"
+    assert batches.ended == list(range(BATCHES)) and len(calls) == BATCHES + 1
+    assert job.reforms == 2 and len(resets) == 2
+
+
 def test_every_member_enters_fit_again_when_the_members_in_their_fit_were_at_different_commits(
         job):
     model, batches, fits = _model(), _Batches(), []
