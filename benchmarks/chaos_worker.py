@@ -17,10 +17,12 @@ Every step prints {"t", "step", "node", "generation", "world", "pid"}; every
 
 import argparse
 import faulthandler
+import gc
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 parser = argparse.ArgumentParser(description=__doc__)
@@ -35,7 +37,8 @@ parser.add_argument("--compute_ms", type=float, default=10.0)
 parser.add_argument("--local_devices", type=int, default=1,
                     help="logical CPU devices this worker drives, one replica each")
 parser.add_argument("--trace", action="store_true",
-                    help="print {\"trace\": phase, \"t\"} when each phase of a recovery ends")
+                    help="print {\"trace\": phase, \"t\"} when each phase of a recovery ends, "
+                    "and after every garbage collection of at least 50 ms")
 args = parser.parse_args()
 
 import tensorflow as tf  # noqa: E402
@@ -173,6 +176,29 @@ def traced_abort() -> None:
     cluster.abort_collectives = wrapper
 
 
+GC_NOTED_AFTER_S = 0.05  # Python's garbage collections at least this long are marked
+
+
+def traced_collections() -> None:
+    """Marks every long garbage collection ("gc<generation> <seconds>s collected <n> in
+    <thread>", printed at the next mark): a collection runs the finalizers of whatever it
+    frees (TensorFlow's iterators, functions, variables), in whichever thread allocated."""
+    started: dict[int, float] = {}
+
+    def timer(phase, info):
+        thread = threading.get_ident()
+        if phase == "start":
+            started[thread] = time.perf_counter()
+            return
+        seconds = time.perf_counter() - started.pop(thread, time.perf_counter())
+        if seconds >= GC_NOTED_AFTER_S:
+            _background_marks.append((f"gc{info['generation']} {seconds:.3f}s collected "
+                                      f"{info['collected']} in {threading.current_thread().name}",
+                                      time.time()))
+
+    gc.callbacks.append(timer)
+
+
 def traced(owner, name: str) -> None:
     """Prints a trace line whenever `owner.name` returns or raises."""
     inner = getattr(owner, name)
@@ -247,6 +273,7 @@ if args.trace:
         for name in names:
             traced(owner, name)
     traced_abort()
+    traced_collections()
 
 if not workload.custom_loop:
     # A newcomer runs a step of fit alone before it joins: the members do not wait for its

@@ -10,8 +10,10 @@ exception) releases the mutex first, so only deaths that skip the interpreter's 
 a crash, ``os._exit``) are reported this way; their exit code comes later, when the process is
 reaped, as for every worker.
 
-Linux with glibc (robust process-shared mutexes); elsewhere nothing is set up and a death is
-known when the process is reaped.
+Linux with glibc (robust process-shared mutexes); elsewhere, or where the notice cannot be set
+up, nothing is and a death is known when the process is reaped. The kernel also releases a
+robust mutex when its holder execs: the agent reports a death only for a process that is
+exiting.
 """
 
 from __future__ import annotations
@@ -31,20 +33,36 @@ MUTEX_BYTES = 64  # pthread_mutex_t is 40 bytes on x86-64 and 48 on aarch64 glib
 # on it from then on; waiting before would take the mutex from the worker), RELEASED before a
 # normal exit.
 STATE_OFFSET = MUTEX_BYTES
-HELD, RELEASED = 1, 2
+NOT_HELD, HELD, RELEASED = 0, 1, 2
 SHARED_BYTES = MUTEX_BYTES + 8
 # How often a watcher looks whether its worker holds the mutex yet.
 HELD_POLL_S = 0.05
+# The kernel's flag of a task that is exiting (include/linux/sched.h), field 9 of /proc/PID/stat.
+PF_EXITING = 0x4
+# Where glibc keeps the pthread functions: libc from 2.34 on, libpthread before.
+_PTHREAD_LIBRARIES = ("libc.so.6", "libpthread.so.0")
 
 
 def _pthreads() -> ctypes.CDLL | None:
     """glibc's pthread functions, or None where robust mutexes are unavailable."""
+    for name in _PTHREAD_LIBRARIES:
+        try:
+            library = ctypes.CDLL(name)
+            library.pthread_mutexattr_setrobust  # noqa: B018 - present in glibc only
+        except (OSError, AttributeError):
+            continue
+        return library
+    return None
+
+
+def is_exiting(pid: int) -> bool:
+    """Whether process ``pid`` is exiting or gone (not, say, replaced by an exec)."""
     try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.pthread_mutexattr_setrobust  # noqa: B018 - present in glibc only
-    except (OSError, AttributeError):
-        return None
-    return libc
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return True
+    return bool(int(fields[6]) & PF_EXITING)
 
 
 class _Shared:
@@ -71,42 +89,62 @@ class DeathNotice:
 
     def __init__(self, libc: ctypes.CDLL):
         self.fd = os.memfd_create("tfe-death-notice", os.MFD_CLOEXEC)
-        os.ftruncate(self.fd, SHARED_BYTES)
-        self._shared = _Shared(self.fd, libc)
-        attr = ctypes.create_string_buffer(16)  # pthread_mutexattr_t: 4 bytes
-        libc.pthread_mutexattr_init(attr)
-        libc.pthread_mutexattr_setpshared(attr, PTHREAD_PROCESS_SHARED)
-        libc.pthread_mutexattr_setrobust(attr, PTHREAD_MUTEX_ROBUST)
-        if libc.pthread_mutex_init(self._shared.mutex, attr) != 0:
+        try:
+            os.ftruncate(self.fd, SHARED_BYTES)
+            self._shared = _Shared(self.fd, libc)
+            attr = ctypes.create_string_buffer(16)  # pthread_mutexattr_t: 4 bytes
+            libc.pthread_mutexattr_init(attr)
+            libc.pthread_mutexattr_setpshared(attr, PTHREAD_PROCESS_SHARED)
+            libc.pthread_mutexattr_setrobust(attr, PTHREAD_MUTEX_ROBUST)
+            if libc.pthread_mutex_init(self._shared.mutex, attr) != 0:
+                raise OSError("pthread_mutex_init of a robust process-shared mutex failed")
+        except BaseException:
             os.close(self.fd)
-            raise OSError("pthread_mutex_init of a robust process-shared mutex failed")
+            raise
 
     @classmethod
     def make(cls) -> DeathNotice | None:
-        """A notice, or None where robust mutexes are unavailable."""
+        """A notice, or None where robust mutexes or shared memory are unavailable (the
+        death is then known at the reap)."""
         libc = _pthreads()
-        return None if libc is None or not hasattr(os, "memfd_create") else cls(libc)
+        if libc is None or not hasattr(os, "memfd_create"):
+            return None
+        try:
+            return cls(libc)
+        except OSError:
+            return None
 
     def passed(self) -> None:
         """The worker has its copy of the descriptor: the agent keeps only the mapping."""
         os.close(self.fd)
 
-    def watch(self, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
-        """Calls ``on_death`` (in a thread of its own) when the worker dies holding the mutex;
-        nothing when it released the mutex first or never held it (``running`` turned False:
-        a worker that does not use the notice, as a restart-mode script)."""
-        threading.Thread(target=self._wait, args=(running, on_death), daemon=True,
+    def watch(self, pid: int, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
+        """Calls ``on_death`` (in a thread of its own) when worker ``pid`` dies holding the
+        mutex; nothing when it released the mutex first, never held it (``running`` turned
+        False: a worker that does not use the notice) or exec'd another program."""
+        threading.Thread(target=self._wait, args=(pid, running, on_death), daemon=True,
                          name="tfe-death-notice").start()
 
-    def _wait(self, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
-        shared = self._shared
-        while shared.state != HELD:
-            if shared.state == RELEASED or not running():
+    def _wait(self, pid: int, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
+        shared, libc = self._shared, self._shared.libc
+        while True:
+            while shared.state != HELD:
+                if shared.state == RELEASED or not running():
+                    return
+                time.sleep(HELD_POLL_S)
+            owner_died = libc.pthread_mutex_lock(shared.mutex) == errno.EOWNERDEAD
+            if owner_died:
+                libc.pthread_mutex_consistent(shared.mutex)
+            if not owner_died or shared.state == RELEASED:
+                libc.pthread_mutex_unlock(shared.mutex)
                 return
-            time.sleep(HELD_POLL_S)
-        if shared.libc.pthread_mutex_lock(shared.mutex) == errno.EOWNERDEAD and \
-                shared.state != RELEASED:
-            on_death()
+            if is_exiting(pid):
+                libc.pthread_mutex_unlock(shared.mutex)
+                on_death()
+                return
+            # It exec'd: the new program may hold the mutex again.
+            shared.state = NOT_HELD
+            libc.pthread_mutex_unlock(shared.mutex)
 
 
 class Holder:
@@ -116,20 +154,28 @@ class Holder:
     def __init__(self, fd: int, libc: ctypes.CDLL):
         self._shared = _Shared(fd, libc)
         os.close(fd)
-        self._held = False
+        self._holder_pid: int | None = None
 
     def hold(self) -> None:
-        if self._shared.libc.pthread_mutex_lock(self._shared.mutex) != 0:
-            raise OSError("could not hold the death notice's mutex")
+        """Holds the mutex, never waiting for it: where it cannot (another holder), the notice
+        stays off and the death is known at the reap. A mutex whose earlier holder died is
+        taken over."""
+        libc, mutex = self._shared.libc, self._shared.mutex
+        locked = libc.pthread_mutex_trylock(mutex)
+        if locked == errno.EOWNERDEAD:
+            locked = libc.pthread_mutex_consistent(mutex)
+        if locked != 0:
+            return
         self._shared.state = HELD
-        self._held = True
+        self._holder_pid = os.getpid()
 
     def release(self) -> None:
-        """Before a normal exit: the agent is not told of a death."""
-        if self._held:
+        """Before a normal exit: the agent is not told of a death. A forked child's exit
+        leaves its parent's notice alone."""
+        if self._holder_pid == os.getpid():
             self._shared.state = RELEASED
             self._shared.libc.pthread_mutex_unlock(self._shared.mutex)
-            self._held = False
+            self._holder_pid = None
 
 
 def holder_from_env(value: str | None) -> Holder | None:
@@ -140,4 +186,7 @@ def holder_from_env(value: str | None) -> Holder | None:
     libc = _pthreads()
     if libc is None:
         return None
-    return Holder(int(value), libc)
+    try:
+        return Holder(int(value), libc)
+    except (OSError, ValueError):  # not a descriptor of a notice: the notice stays off
+        return None

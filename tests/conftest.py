@@ -17,6 +17,7 @@ import time
 from typing import Callable, Iterator
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 import tensorflow_elastic
 from tools.etcd_server import EtcdServer
@@ -280,6 +281,19 @@ def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worke
     for worker in started:
         worker.signal(signal.SIGKILL)
         worker.proc.wait(timeout=30)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """The multi-process tests take the machine's cores (and the network-namespace subnet): under
+    pyproject's two test processes (`--dist loadgroup`) they run one at a time, all in one of
+    them, with the tests marked serial. xdist groups the tests whose id ends in @GROUP; it writes that suffix where pytest 9
+    no longer reads it, so the suffix is put on the id here."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        if item.get_closest_marker("multiprocess") or item.get_closest_marker("serial"):
+            item._id = coerce_node_id(f"{item.nodeid}@multiprocess")  # noqa: SLF001
 
 
 @pytest.hookimpl(hookwrapper=True)

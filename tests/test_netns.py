@@ -13,6 +13,9 @@ import pytest
 from tests.conftest import netns_hosts
 from tools.netns import FaultUnavailable, Hosts
 
+# Processes on separate network stacks, on the subnet the partition tests use: one at a time.
+pytestmark = pytest.mark.multiprocess
+
 # Connects to host 0's port 7000 with a 1 s timeout; prints "ok" or the error's class name.
 _CONNECT = ("import socket, sys\n"
             "try:\n"

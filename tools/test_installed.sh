@@ -3,7 +3,7 @@
 # installed in VENV (not the checkout's): the tests, their tools and the
 # examples are copied to a directory without the package, so every import of
 # tensorflow_elastic, in the tests and in the workers they start, finds the
-# installed one. Installs pytest into VENV (the versions of requirements.txt).
+# installed one. Installs pytest and its plugins into VENV (the versions of requirements.txt).
 #
 #   tools/test_installed.sh VENV
 set -euo pipefail
@@ -12,7 +12,7 @@ VENV=${1:?usage: tools/test_installed.sh VENV}
 TREE=$(mktemp -d /tmp/tfe-installed-tests.XXXXXX)
 trap 'rm -rf "$TREE"' EXIT
 "$VENV/bin/python" -m pip --disable-pip-version-check -q install \
-  $(grep -E '^pytest(-timeout)?==' requirements.txt) 2>&1 | { grep -v -E '^WARNING: Location .* is ignored' || true; }
+  $(grep -E '^(pytest(-timeout|-xdist)?|execnet)==' requirements.txt) 2>&1 | { grep -v -E '^WARNING: Location .* is ignored' || true; }
 cp -r tests tools examples pyproject.toml "$TREE"/
 cd "$TREE"
 "$VENV/bin/python" - <<'PY'

@@ -31,7 +31,7 @@ from typing import Callable, Sequence, TextIO
 from tensorflow_elastic import environment
 from tensorflow_elastic.death_notice import DeathNotice
 from tensorflow_elastic.launch import repeats
-from tensorflow_elastic.launch.decision import Action, Do, Situation, decide
+from tensorflow_elastic.launch.decision import Action, Do, Scope, Situation, decide
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
 from tensorflow_elastic.launch.gpus import visible_gpus, worker_gpu_env
 from tensorflow_elastic.launch.mode import Membership, Mode, SpareLaunches, View, WorkerLaunch
@@ -295,7 +295,10 @@ class LocalAgent:
         env.update(extra)
         if self.spec.events_file:
             env[environment.EVENTS_FILE] = self.spec.events_file
-        notice = DeathNotice.make() if self.membership is not None else None
+        # A notice for scripts that join in-process (tfe.init holds it); a restart-mode
+        # script never would.
+        notice = DeathNotice.make() \
+            if self.membership is not None and self.mode.scope is Scope.WORKER else None
         if notice is not None:
             env[environment.DEATH_NOTICE_FD] = str(notice.fd)
             pass_fds = [*pass_fds, notice.fd]
@@ -311,7 +314,8 @@ class LocalAgent:
             if notice is not None:
                 notice.passed()
         if notice is not None:
-            notice.watch(lambda: process.poll() is None, lambda: self._death_noticed(process))
+            notice.watch(process.pid, lambda: process.poll() is None,
+                         lambda: self._death_noticed(process))
         return process
 
     def _death_noticed(self, process: WorkerProcess) -> None:
@@ -319,7 +323,8 @@ class LocalAgent:
         Its peers may be blocked on it: the orchestrator learns it now, before the kernel has
         freed the process's memory; its exit code and the rest follow when it is reaped."""
         slot = next((i for i, w in enumerate(self._workers) if w is process), None)
-        if slot is None or self.membership is None or self._ended:
+        if slot is None or self.membership is None or self._ended \
+                or self.membership.finished(slot):  # past its training: no one waits on it
             return
         try:
             self.membership.report_death(slot, "its process died (noticed before it was reaped)")

@@ -127,7 +127,9 @@ class Liveness:
 class BeatIntervals:
     """The heartbeat intervals a run asked of its nodes (in their join replies), and the
     longest: a node that joined the run at its largest beats slowest, and its silence is judged
-    by that interval until it leaves, however the run shrank meanwhile."""
+    by that interval until it leaves, however the run shrank meanwhile. A node beats at the
+    interval of the join that started its beats: a later reply asking a shorter one (the run
+    shrank) changes nothing until the node leaves."""
 
     def __init__(self) -> None:
         self._of: dict[int, float] = {}
@@ -135,6 +137,7 @@ class BeatIntervals:
         self.longest = 0.0
 
     def ask(self, node_id: int, interval: float) -> None:
+        interval = max(interval, self._of.get(node_id, 0.0))
         self.forget(node_id)
         self._of[node_id] = interval
         self._count[interval] += 1

@@ -88,7 +88,7 @@ class Run:
         self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
         self._intervals = BeatIntervals()
         # Newcomers whose join reply went out, until their first beat: what ends their hold.
-        self._first_beats: dict[int, Callable[[], None]] = {}
+        self._first_beats: dict[int, list[Callable[[], None]]] = {}  # the holds a beat ends
         now = clock.now()
         for node_id in state.nodes:
             self._liveness.touch(node_id, now)
@@ -257,9 +257,8 @@ class Run:
         state = self._state
         refusals.check_heartbeat(state, node_id, generation)
         if self._first_beats:
-            first = self._first_beats.pop(node_id, None)
-            if first is not None:
-                first()
+            for release in self._first_beats.pop(node_id, ()):
+                release()
         self._liveness.touch(node_id, self._clock.now())
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
@@ -502,7 +501,8 @@ class Run:
         starts when its reply has been sent, not when the thousands of replies of a formation
         were queued together. A ``newcomer`` (whose beats start with this reply) stays held
         until its first beat, at most FIRST_BEAT_MAX_S longer: the beat streams of a large
-        formation open together, and their first beats are read seconds later."""
+        formation open together, and their first beats are read seconds later. A beat read
+        before the reply's sending was noted (the node got it: it beats) ends the hold too."""
         self._liveness.hold(node_id)
         loop = asyncio.get_running_loop()
         held = True
@@ -512,8 +512,11 @@ class Run:
             if held:
                 held = False
                 cap.cancel()
-                if self._first_beats.get(node_id) is release:
-                    del self._first_beats[node_id]
+                waiting = self._first_beats.get(node_id, [])
+                if release in waiting:
+                    waiting.remove(release)
+                    if not waiting:
+                        del self._first_beats[node_id]
                 self._stop_holding(node_id)
 
         def reply_sent() -> None:
@@ -523,9 +526,10 @@ class Run:
                 return
             cap.cancel()
             cap = loop.call_later(FIRST_BEAT_MAX_S, release)
-            self._first_beats[node_id] = release
 
         cap = loop.call_later(REPLY_HOLD_MAX_S, release)
+        if newcomer:  # a join retried with its nonce holds it twice: one beat ends both
+            self._first_beats.setdefault(node_id, []).append(release)
         return reply_sent
 
     def _forget(self, node_id: int) -> None:

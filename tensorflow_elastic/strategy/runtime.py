@@ -117,10 +117,11 @@ class ElasticRuntime:
         self._commits_before = 0
         self._reforms_without_progress = 0
         self._decided: BaseException | None = None
-        # Whether this node recovers inside its step, and whether every member did at the last
-        # sync (the members tell each other with the state: sync_facts).
+        # Whether this node recovers inside its step, and the members that did not at the last
+        # sync (they begin their step next; the members tell each other with the state:
+        # sync_facts).
         self._recovering_in_step = False
-        self._every_member_in_step = False
+        self._beginning_step: frozenset[int] = frozenset()
         # (generation, every member's state-sync message) gathered at its barrier, until the
         # generation's first sync takes it.
         self._gathered_at_start: tuple[int, dict[int, bytes]] | None = None
@@ -203,14 +204,16 @@ class ElasticRuntime:
             self.training = False
             self._decided = None
 
-    def recover_in_step(self, state, error: Exception) -> bool:
+    def recover_in_step(self, state, error: Exception) -> frozenset[int]:
         """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
-        work (a Keras batch), as the loop would (go back to the last commit, re-form, sync).
-        Returns whether every member recovered inside its step (the sync told them all): only
-        then may the step go on from the last commit in place, every member alike; else it
-        raises `StepRestarts`, as every member does. Raises what the loop would raise (the loop
-        raises it again as it is)."""
-        self._recovering_in_step, self._every_member_in_step = True, False
+        work (a Keras batch) or was raised at its commit (a change the members voted for), as
+        the loop would (go back to the last commit or finish the step together, re-form, sync).
+        Returns the members that did not recover inside their step (newcomers, members whose
+        failure struck outside it; the sync told them all): they begin their step now. The
+        step goes on in place, every member in its step alike, or raises `StepRestarts`, as
+        every member then does. Raises what the loop would raise (the loop raises it again as
+        it is)."""
+        self._recovering_in_step, self._beginning_step = True, frozenset()
         try:
             self._recover_step(state, error)
         except BaseException as decided:
@@ -218,7 +221,7 @@ class ElasticRuntime:
             raise
         finally:
             self._recovering_in_step = False
-        return self._every_member_in_step
+        return self._beginning_step
 
     def _recover_step(self, state, error: Exception) -> None:
         self._recover(state, error, in_step=True)
@@ -423,9 +426,10 @@ class ElasticRuntime:
 
     def take_sync_facts(self, facts: dict[int, dict[str, Any]]) -> None:
         """Sizes the generation's collectives by every member's replica count, before its first
-        collective (the sync's broadcast), and notes whether every member recovers inside its
-        step."""
-        self._every_member_in_step = all(told.get("in_step", False) for told in facts.values())
+        collective (the sync's broadcast), and notes the members that do not recover inside
+        their step."""
+        self._beginning_step = frozenset(node for node, told in facts.items()
+                                         if not told.get("in_step", False))
         if self.strategy is not None:
             self.strategy.extended.take_replica_counts(
                 {node: told.get("replicas") for node, told in facts.items()})

@@ -1,14 +1,17 @@
-"""A Keras 3 batch whose generation ended runs again inside the same `fit` call.
+"""A Keras 3 `fit` call goes on after its generation ended: the batch in flight runs again, or
+the next one runs, inside the same call.
 
-Its train function, wrapped for the batch, hands the error to the elastic
-callback, which recovers as `tfe.run` does (back to the last commit, re-form,
-sync); the batch then runs again in place. Leaving `fit` and entering it again
-would make a new input iterator, build and reset the metrics: most of a Keras
-recovery's time. Two pure decisions say when that is safe; the wrapper does it.
+A failed batch's train function, wrapped for the batch, hands the error to the elastic
+callback, which recovers as `tfe.run` does (back to the last commit, re-form, sync); a change
+voted at a commit (a node joins or leaves) is taken at the next batch's start the same way.
+Leaving `fit` and entering it again would make a new input iterator, build and reset the
+metrics: most of a Keras recovery's time. Pure decisions say when going on is safe, and what
+a member does first when another one (a newcomer) begins its `fit` call; the wrapper does it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -16,7 +19,7 @@ import tensorflow as tf
 
 def retries_in_fit(keras_3: bool, one_trace_for_every_world: bool, in_elastic_run: bool,
                    commit_every: int, snapshot_every: int) -> bool:
-    """Whether a failed batch can run again inside its `fit` call.
+    """Whether a `fit` call can go on after a recovery.
 
     It needs a train function that serves every world size (Keras 3 scaling its losses at
     run time; tf-keras traces one per size, in the next `fit`), the elastic loop around
@@ -27,27 +30,42 @@ def retries_in_fit(keras_3: bool, one_trace_for_every_world: bool, in_elastic_ru
             and snapshot_every == 1)
 
 
-def why_fit_starts_again(every_member_in_fit: bool, last_sync_even: bool,
-                         batch_start: tuple[int, int], synced_to: tuple[int, int]) -> str | None:
-    """After a recovery inside `fit`: why the failed batch cannot run again in place (every
-    member then enters `fit` again), or None.
+@dataclasses.dataclass(frozen=True)
+class GoOn:
+    """The `fit` call goes on from where it was. `with_new_fits`: some members begin a `fit`
+    call now (newcomers; members whose failure struck outside their `fit`), and Keras 3
+    begins one with collectives of its own before its first batch (the metrics' reset reads
+    each metric back across the workers): this member runs them too, so that the
+    generation's collectives pair. (With several devices a worker it also reduces the
+    first batch across the workers, before its callbacks begin: see after_recovery.)"""
 
-    The members decide alike from what the sync told them all. A member that did not recover
-    inside its `fit` (a newcomer, one whose failure struck outside a batch, as in the sync
-    that admits a newcomer) begins a `fit` call next, and Keras 3 begins one with collectives
-    of its own (the metrics' reset reads each one back across the workers; with several
-    devices a worker the first batch is reduced): every member must begin one with it. An
-    uneven sync means members at different commits (one of them finished the failed batch:
-    the batch in flight differs between them).
+    with_new_fits: bool
+
+
+def after_recovery(beginning_fit: frozenset[int], synced: frozenset[int],
+                   position: tuple[int, int], synced_to: tuple[int, int],
+                   one_device_each: bool) -> GoOn | str:
+    """After a recovery inside `fit`: how the call goes on from `position` (epoch, batch: the
+    batch that runs next), or why it cannot (every member then enters `fit` again).
+
+    `beginning_fit` are the members that did not recover inside their `fit`, `synced` the
+    ones the sync gave another member's state, `one_device_each` whether every member drives
+    one device: facts every member shares, so that the members in their `fit` decide alike.
+    A member in its `fit` that was synced was at another commit than the others (one of
+    them finished the failed batch: the batch in flight differs between them); a member
+    that begins its `fit` call starts at the synced state, which is every other member's.
+    With several devices a worker, a `fit` call reduces its first batch across the workers
+    before it begins its callbacks (Keras 3's symbolic build): every member begins one then.
     """
-    if not every_member_in_fit:
-        return "a member (a newcomer, or one that failed outside a batch) begins its fit now"
-    if not last_sync_even:
+    if synced - beginning_fit:
         return "the members were at different commits"
-    if synced_to != batch_start:
-        return (f"the state is at epoch {synced_to[0]}, batch {synced_to[1]}, not where the batch "
-                f"in flight started (epoch {batch_start[0]}, batch {batch_start[1]})")
-    return None
+    if beginning_fit and not one_device_each:
+        return (f"member(s) {sorted(beginning_fit)} begin a fit call, whose first batch is "
+                f"reduced across the workers (several devices a worker)")
+    if synced_to != position:
+        return (f"the state is at epoch {synced_to[0]}, batch {synced_to[1]}, not where the "
+                f"batch in flight started (epoch {position[0]}, batch {position[1]})")
+    return GoOn(with_new_fits=bool(beginning_fit))
 
 
 class BatchRetry:

@@ -8,10 +8,11 @@ endless input): the strategy's `experimental_distribute_dataset`, which Keras
 calls, cuts the user's global batches elastically, and the callback starts
 every epoch's iterator at that position, so a `fit` called again after a
 re-form continues the interrupted pass: no example repeats or goes missing.
-Under Keras 3 a batch whose generation ended runs again inside the same `fit`
-call after the recovery (fit_retry.py); `fit` is entered again when that is not
-safe (tf-keras, a member that did not recover inside its `fit`, such as a
-newcomer, commits or snapshots not at every batch).
+Under Keras 3 a `fit` call goes on after a recovery (fit_retry.py): a batch whose
+generation ended runs again, a node joins or leaves at a commit, inside the same
+call, while a newcomer begins its own; `fit` is entered again when that is not
+safe (tf-keras, members at different commits, commits or snapshots not at every
+batch).
 """
 
 from __future__ import annotations
@@ -100,8 +101,10 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # An epoch's end is committed after every callback's on_epoch_end (file writers
         # included), at the next epoch's start or the training's end.
         self._epoch_end_pending = False
-        # Whether a failed batch runs again inside this `fit` call (fit_retry.retries_in_fit).
+        # Whether this `fit` call goes on after a recovery (fit_retry.retries_in_fit), and the
+        # error of a commit it takes at the next batch's start.
         self._retries_in_fit = False
+        self._commit_error: Exception | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         strategy = runtime_lib.current().strategy
@@ -129,6 +132,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             with strategy.scope():
                 _build_compiled_containers(self.model, self._input.element_spec)
         self._resume(passes)
+        self._commit_error = None
         keras_3 = not _is_tf_keras(self.model)
         self._retries_in_fit = fit_retry.retries_in_fit(
             keras_3, keras_3 and _scale_losses_at_run_time(), runtime_lib.current().training,
@@ -161,7 +165,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             self._input.seek(self._position(epoch, batch), epoch)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
-        self._commit_epoch_end()
+        self._commit_epoch_end(self._commit)
         if self.state.epoch != epoch:
             self._first_batch = 0
         self.state.epoch = epoch
@@ -171,19 +175,35 @@ class ElasticCallback(tf.keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         if self._retries_in_fit:
             start = (self.state.epoch, self.state.batch)
+            if self._commit_error is not None:
+                error, self._commit_error = self._commit_error, None
+                self._recover(error, start)
             fit_retry.BatchRetry(self.model, lambda error: self._recover(error, start))
 
     def _recover(self, error: Exception, batch_start: tuple[int, int]) -> None:
-        """After `error` ended the batch that started at `batch_start` (epoch, batch): recovers
-        as `tfe.run` does (back to the last commit, re-form, sync), then sets the input back
-        to that batch, which runs again in this `fit` call; or raises (what the loop decided,
-        or StepRestarts: every member enters `fit` again, from the synced state)."""
-        every_member_in_fit = runtime_lib.current().recover_in_step(self.state, error)
-        synced_to = (self.state.epoch, self.state.batch)
-        why = fit_retry.why_fit_starts_again(every_member_in_fit, self.state.last_sync_even,
-                                             batch_start, synced_to)
-        if why is not None:
-            raise runtime_lib.StepRestarts(why)
+        """After `error` ended the batch that started at `batch_start` (epoch, batch), or was
+        raised by the commit before it: recovers as `tfe.run` does (back to the last commit or
+        finish the step together, re-form, sync), then sets the input to that batch, which
+        runs in this `fit` call (after the `fit` start's own collectives, when a member begins
+        its `fit` call now: a failure in them is recovered from the same way); or raises (what
+        the loop decided, or StepRestarts: every member enters `fit` again, from the synced
+        state)."""
+        runtime = runtime_lib.current()
+        while True:
+            beginning_fit = runtime.recover_in_step(self.state, error)
+            synced_to = (self.state.epoch, self.state.batch)
+            one_device_each = (runtime.strategy.num_replicas_in_sync
+                               == runtime.membership.world_size)
+            how = fit_retry.after_recovery(beginning_fit, self.state.last_synced, batch_start,
+                                           synced_to, one_device_each)
+            if isinstance(how, str):
+                raise runtime_lib.StepRestarts(how)
+            try:
+                if how.with_new_fits:
+                    self.model.reset_metrics()
+                break
+            except Exception as failed:  # noqa: BLE001 - the elastic loop's decision sorts it
+                error = failed
         if self._input is not None:
             self._input.seek(self._position(*batch_start), batch_start[0])
 
@@ -209,9 +229,28 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             if not self.model.stop_training:
                 self.model.stop_training = _EPOCH_OVER
         elif self.state.batch % self.commit_every == 0 and not last:
+            self._commit()
+
+    def _commit(self) -> None:
+        """Commits. When this `fit` call goes on after a recovery, the commit's error (a change
+        the members voted for) is taken at the next batch's start: the other callbacks see
+        this batch end in the generation that trained it."""
+        if not self._retries_in_fit:
             self.state.commit()
+            return
+        try:
+            self.state.commit()
+        except Exception as error:  # noqa: BLE001 - the elastic loop's decision sorts it
+            self._commit_error = error
+
+    def _raise_commit_error(self) -> None:
+        """A commit's error this `fit` call has no batch left to take: the loop takes it."""
+        if self._commit_error is not None:
+            error, self._commit_error = self._commit_error, None
+            raise error
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        self._raise_commit_error()
         if (self.steps_per_epoch and self.state.batch < self.steps_per_epoch
                 and not self.model.stop_training):
             raise RuntimeError(
@@ -233,13 +272,14 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             self.model._training_state = None
         else:
             self.model._initial_epoch = None
-        self._commit_epoch_end()
+        self._raise_commit_error()
+        self._commit_epoch_end(self.state.commit)
 
-    def _commit_epoch_end(self) -> None:
+    def _commit_epoch_end(self, commit: Callable[[], None]) -> None:
         if self._epoch_end_pending:
             self._epoch_end_pending = False
             try:
-                self.state.commit()
+                commit()
             finally:
                 # Also when the membership changes at this commit: it saved the epoch's end.
                 if self.backup is not None and _is_chief():

@@ -113,7 +113,7 @@ class State:
         object.__setattr__(self, "_saved_commits", 0)
         object.__setattr__(self, "snapshot_every", snapshot_every)
         object.__setattr__(self, "_job", None)
-        object.__setattr__(self, "_last_sync_even", False)
+        object.__setattr__(self, "_last_synced", frozenset())
         # Whether the last restore left variables that a failed step may have written (see
         # TensorFlowState.restore): this member then takes the state of one that did not.
         object.__setattr__(self, "_dirty", False)
@@ -157,10 +157,10 @@ class State:
         return 0
 
     @property
-    def last_sync_even(self) -> bool:
-        """Whether every member already held, at its own last commit, the state the last sync
-        gave it (one commit count everywhere, no newcomer): a fact every member shares."""
-        return self._last_sync_even
+    def last_synced(self) -> frozenset[int]:
+        """The members the last sync gave another member's state (newcomers, members at
+        another commit; every member at the job's start): a fact every member shares."""
+        return self._last_synced
 
     def register_reset_callbacks(self, callbacks: Iterable[Callable[[], None]]) -> None:
         """Callbacks run after every re-form, e.g. to rescale the learning rate with the world size."""
@@ -260,7 +260,7 @@ class State:
         self._values.update(furthest.values)
         # The commit count is the job's global step count.
         self._commits = furthest.commits
-        self._last_sync_even = not furthest.receivers
+        self._last_synced = frozenset(furthest.receivers)
         self._dirty = False
         self._joining = False
         self.save()

@@ -134,6 +134,7 @@ def test_a_node_removed_while_alive_rejoins_at_its_next_re_form_with_its_id(capl
         session, lost = _watching_session(server.endpoint, 2)
         try:
             node_id, generation = session.node_id, session.generation
+            session.client.heartbeat()  # it has beaten: silent from here on
             session.client.stop_heartbeats()  # silent past the timeout: a frozen process
             deadline = time.monotonic() + 20
             with Client(server.endpoint, "job") as probe:
@@ -161,6 +162,7 @@ def test_a_removed_node_whose_join_overtakes_its_heartbeat_learns_of_the_removal
     with Orchestrator("127.0.0.1", 0, settings=settings) as server:
         session, _ = _watching_session(server.endpoint, 2)
         try:
+            session.client.heartbeat()  # it has beaten: silent from here on
             session.client.stop_heartbeats()  # frozen past the timeout
             deadline = time.monotonic() + 20
             with Client(server.endpoint, "job") as probe:
@@ -254,6 +256,7 @@ def test_a_removed_node_whose_address_is_blocked_waits_the_block_out_to_come_bac
     with Orchestrator("127.0.0.1", 0, settings=settings) as server:
         session, lost = _watching_session(server.endpoint, 2)
         try:
+            session.client.heartbeat()  # it has beaten: silent from here on
             session.client.stop_heartbeats()
             deadline = time.monotonic() + 20
             with Client(server.endpoint, "job") as probe:

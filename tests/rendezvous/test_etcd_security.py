@@ -18,6 +18,9 @@ from tensorflow_elastic.rendezvous.server import Orchestrator
 from tests.conftest import wait_until
 from tools.etcd_server import EtcdServer
 
+# A real etcd on a port chosen before it starts: no other test process beside it.
+pytestmark = pytest.mark.serial
+
 PASSWORD = "etcd-root-password"
 
 

@@ -16,6 +16,9 @@ from tensorflow_elastic.training import layouts
 from tests.conftest import wait_until
 from tests.training.test_layouts import MEMBERS, _big_layout, _Member
 
+# A real etcd on a port chosen before it starts: no other test process beside it.
+pytestmark = pytest.mark.serial
+
 # Clients without heartbeats: a timeout no loaded machine reaches.
 SETTINGS = RunSettings(heartbeat_timeout=120, last_call=0)
 

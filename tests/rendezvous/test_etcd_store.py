@@ -19,6 +19,9 @@ from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
 from tests.conftest import wait_until
 
+# A real etcd restarted on its port: no other test process beside it (tests/conftest.py).
+pytestmark = pytest.mark.serial
+
 PREFIX = "/test"
 
 

@@ -26,6 +26,7 @@ def test_heartbeat_timeout_removes_node_and_bumps_generation(start_orchestrator,
     events_file = tmp_path / "events.jsonl"
     server = start_orchestrator("--events_file", str(events_file), heartbeat_timeout=1.0)
     (a, _), (b, _), (c, _) = nodes_for(server.endpoint).join(3, 2, 3)
+    c.heartbeat()  # it has beaten: silent from here on
     c.stop_heartbeats()
     info = wait(lambda: (i := a.heartbeat()).generation == 2 and i, what="generation 2")
     assert info.removed == 1 and info.member  # a is in generation 2 but must re-join to learn it
@@ -78,6 +79,7 @@ def test_below_min_timeout_fails_the_run_for_every_member(start_orchestrator, no
     updates = []
     watcher = threading.Thread(target=lambda: updates.extend(b.watch()), daemon=True)
     watcher.start()
+    c.heartbeat()  # it has beaten: silent from here on
     c.stop_heartbeats()
     wait(lambda: a.heartbeat().state == "FORMING", what="the run falling below min_nodes")
     rejoin = nodes.submit(lambda: a.join(timeout=30))  # a survivor waits for nodes to come back

@@ -21,6 +21,9 @@ from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
 from tests.conftest import wait_until
 
+# A real etcd and sub-second leases: no other test process beside it.
+pytestmark = pytest.mark.serial
+
 
 class _HeldStore(MembershipStore):
     """Saves only once the test releases them."""

@@ -98,6 +98,20 @@ class _Context:
         self.done.append(callback)
 
 
+async def _joined_at_once(service: RendezvousService, count: int, min_nodes: int,
+                          max_nodes: int) -> list[pb.JoinResponse]:
+    """``count`` newcomers join together; their replies, each noted as sent."""
+    contexts = [_Context() for _ in range(count)]
+    replies = await asyncio.gather(*(service.Join(pb.JoinRequest(
+        run_id="job", address=f"127.0.0.1:{23270 + i}", min_nodes=min_nodes,
+        max_nodes=max_nodes, nonce=f"n{i}", timeout_s=10), context)
+        for i, context in enumerate(contexts)))
+    for context in contexts:
+        for callback in context.done:
+            callback(context)
+    return [pb.JoinResponse.FromString(r) for r in replies]
+
+
 def test_a_newcomers_silence_starts_at_its_first_beat_after_its_reply_was_sent():
     settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
 
@@ -156,6 +170,73 @@ def test_a_newcomer_that_never_beats_after_its_reply_is_removed_after_a_bounded_
     assert asyncio.run(scenario()) == ([0], [])
 
 
+@pytest.mark.parametrize("joins, beat_first", [(1, True), (2, False)],
+                         ids=["beat-before-the-reply-was-noted", "join-retried"])
+def test_a_newcomer_s_first_beat_ends_every_hold_on_it(monkeypatch, joins, beat_first):
+    """The beat proves a reply arrived: its silence counts from that beat, not FIRST_BEAT_MAX_S
+    after the sending was noted, even when its first beat overtook that note or its join was
+    sent twice (a lost reply, the same nonce)."""
+    monkeypatch.setattr(run_module, "FIRST_BEAT_MAX_S", 5.0)
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=0.0)
+
+    async def scenario() -> list[int]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        contexts = [_Context() for _ in range(joins)]
+        for context in contexts:
+            await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23255",
+                                              min_nodes=1, max_nodes=1, nonce="n", timeout_s=10),
+                               context)
+        run = service._run("job")  # noqa: SLF001
+        if beat_first:
+            run.heartbeat(0, 1)
+        for context in contexts:
+            for callback in context.done:
+                callback(context)
+        if not beat_first:
+            run.heartbeat(0, 1)
+        await asyncio.sleep(1.0)  # silent since: past the heartbeat timeout
+        after = sorted(run.membership().members)
+        await service.close()
+        return after
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_a_member_that_joins_again_after_the_run_shrank_is_judged_by_the_beats_it_still_sends(
+        monkeypatch):
+    """Its beats keep the interval of the join that started them: the shorter one the smaller
+    run's reply asks for must not shorten its allowed silence."""
+    monkeypatch.setattr(settings_module, "RUN_BEATS_PER_S", 5.0)  # 4 nodes: 0.8 s; 1 node: 0.2 s
+    settings = RunSettings(heartbeat_timeout=0.3, last_call=60.0)
+
+    async def scenario() -> tuple[float, float, list[int]]:
+        service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        first = (await _joined_at_once(service, 4, 1, 4))[0].heartbeat_interval_s
+        run = service._run("job")  # noqa: SLF001
+        for node in range(4):
+            run.heartbeat(node, 1)
+        for node in (1, 2, 3):
+            await run.report_failure(node, 1, [node], "killed")
+        context = _Context()
+        again = pb.JoinResponse.FromString(await service.Join(pb.JoinRequest(
+            run_id="job", node_id=0, address="127.0.0.1:23270", min_nodes=1, max_nodes=4,
+            last_generation=1, timeout_s=10), context))
+        for callback in context.done:
+            callback(context)
+        for _ in range(3):  # node 0 beats at its first interval, as its beats were started
+            await asyncio.sleep(first)
+            run.heartbeat(0, run.membership().generation)
+        members = sorted(run.membership().members)
+        await service.close()
+        return first, again.heartbeat_interval_s, members
+
+    first, asked_again, members = asyncio.run(scenario())
+    assert (first, asked_again) == (0.8, 0.2)
+    assert members == [0]
+
+
 def test_a_join_reply_asks_a_large_run_for_slower_beats():
     assert settings_module.beat_interval_floor(500) == 0.25
     assert settings_module.beat_interval_floor(100) < 0.25
@@ -179,14 +260,7 @@ def test_a_large_runs_nodes_are_given_as_many_of_their_slower_intervals_to_beat(
     async def scenario() -> tuple[list[float], float, list[int], list[int]]:
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
-        contexts = [_Context() for _ in range(3)]
-        replies = await asyncio.gather(*(service.Join(pb.JoinRequest(
-            run_id="job", address=f"127.0.0.1:{23270 + i}", min_nodes=2, max_nodes=3,
-            nonce=f"n{i}", timeout_s=10), context) for i, context in enumerate(contexts)))
-        intervals = [pb.JoinResponse.FromString(r).heartbeat_interval_s for r in replies]
-        for context in contexts:
-            for callback in context.done:
-                callback(context)
+        intervals = [r.heartbeat_interval_s for r in await _joined_at_once(service, 3, 2, 3)]
         run = service._run("job")  # noqa: SLF001
         for node_id in range(3):
             run.heartbeat(node_id, 1)

@@ -5,11 +5,16 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from tensorflow_elastic.rendezvous import Client, keepalive
 from tensorflow_elastic.rendezvous.errors import NodeRemovedError
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.service import RendezvousService
 from tensorflow_elastic.rendezvous.settings import RunSettings
+
+# Sub-second heartbeat timeouts on real threads: no other test process beside it.
+pytestmark = pytest.mark.serial
 
 INTERVAL_S = 0.1
 

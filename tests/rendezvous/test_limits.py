@@ -88,7 +88,9 @@ def test_an_ended_run_expires_from_memory_and_store(serve, tmp_path):
         done.leave("job complete")
         wait_until(lambda: [r.run_id for r in busy.status(all_runs=True)] == ["busy"],
                    timeout=10, what="the completed run to expire")
-        assert len(_run_files(tmp_path)) == 1
+        # Its store entry goes right after, off the serving loop.
+        wait_until(lambda: len(_run_files(tmp_path)) == 1, timeout=10,
+                   what="the completed run's store entry to go")
         time.sleep(1.0)
         assert busy.heartbeat().member  # a run with a live node stays
     with Client(server.endpoint, "done") as next_job:  # the run id is free for a new job

@@ -30,8 +30,11 @@ def test_the_longest_interval_asked_stays_until_every_node_asked_it_left():
     assert intervals.longest == 5.0
     intervals.forget(2)
     assert intervals.longest == 5.0  # node 3 still beats that slowly
-    intervals.ask(3, 1.0)  # joined again, asked for faster beats
+    intervals.ask(3, 1.0)  # joined again after the run shrank: its beats still run at 5 s
+    assert intervals.longest == 5.0
+    intervals.forget(3)
     assert intervals.longest == 2.5
+    intervals.ask(3, 1.0)  # back after it left: its beats start anew at 1 s
     intervals.forget(4)
     intervals.forget(99)  # never asked: nothing changes
     assert intervals.longest == 1.0

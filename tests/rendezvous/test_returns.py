@@ -52,6 +52,7 @@ def _wait_for(condition, timeout: float = 20.0):
 def test_a_silent_member_removed_by_the_heartbeat_timeout_comes_back_with_its_id(server, pool):
     a, b, c = _join(server, pool, 3)
     try:
+        c.heartbeat()  # it has beaten: silent from here on
         c.stop_heartbeats()  # silent, not dead: a cut-off host, a frozen process
         _wait_for(lambda: a.heartbeat().generation == 2)
         with pytest.raises(NodeRemovedError) as removed:
@@ -77,6 +78,7 @@ def test_a_silent_member_removed_by_the_heartbeat_timeout_comes_back_with_its_id
 def test_a_node_reported_dead_by_its_agent_cannot_come_back_with_its_id(server, pool):
     a, b, c = _join(server, pool, 3)
     try:
+        c.heartbeat()  # it has beaten: silent from here on
         c.stop_heartbeats()
         a.report_death(c.node_id, "exit code -9")  # its port may already be its replacement's
         with pytest.raises(NodeRemovedError) as removed:
@@ -114,6 +116,7 @@ def test_a_node_whose_address_is_blocklisted_may_not_come_back_yet(pool):
     with Orchestrator("127.0.0.1", 0, settings=settings) as server:
         a, b, c = _join(server, pool, 3)
         try:
+            c.heartbeat()  # it has beaten: silent from here on
             c.stop_heartbeats()
             _wait_for(lambda: a.heartbeat().generation == 2)
             with pytest.raises(BlocklistedError, match="127.0.0.1:21002"):

@@ -51,6 +51,7 @@ def test_a_failed_run_is_started_afresh_by_a_new_first_join(start_orchestrator, 
     server = start_orchestrator("--below_min_timeout", "1", heartbeat_timeout=1.0)
     nodes = nodes_for(server.endpoint)
     (a, _), (b, m1) = nodes.join(2, 2, 2)
+    b.heartbeat()  # it has beaten: silent from here on
     b.stop_heartbeats()
     wait(lambda: a.heartbeat().state == "FORMING", what="the run falling below min_nodes")
     with pytest.raises(RunFailedError, match="not enough nodes came back within 1 s"):

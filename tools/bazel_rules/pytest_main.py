@@ -7,7 +7,8 @@ import pytest
 
 if __name__ == "__main__":
     # Bazel owns caching and temporary directories; pytest's cache would write into runfiles.
-    args = ["-p", "no:cacheprovider", "-q", *sys.argv[1:]]
+    # Bazel runs one file per target and schedules the targets itself: one process each.
+    args = ["-p", "no:cacheprovider", "-q", "-n0", *sys.argv[1:]]
     xml = os.environ.get("XML_OUTPUT_FILE")
     if xml:
         args.append(f"--junitxml={xml}")
