@@ -161,18 +161,24 @@ class WatchLoss:
     live one sends its next heartbeat (or watches again) within its heartbeat
     interval; a member that does neither for ``grace`` after its watch broke is
     taken for dead then, not at its heartbeat timeout: members blocked in a
-    barrier or a sync with it stop waiting sooner.
+    barrier or a sync with it stop waiting sooner. Only a message counts as
+    heard: a hold (a newcomer not yet beating, a call that the dead process left
+    open) says nothing about the process since its watch broke.
     """
 
-    def __init__(self, liveness: Liveness, grace: float):
+    def __init__(self, grace: float):
         self._grace = grace
-        self._liveness = liveness
         self._open: collections.Counter[int] = collections.Counter()
         self._lost_at: dict[int, float] = {}
 
     def opened(self, node_id: int) -> None:
         self._open[node_id] += 1
         self._lost_at.pop(node_id, None)
+
+    def heard(self, node_id: int) -> None:
+        """The node sent a message: it is alive, whatever its watch did."""
+        if self._lost_at:
+            self._lost_at.pop(node_id, None)
 
     def closed(self, node_id: int, now: float, member: bool) -> bool:
         """Counts a stream that ended; returns True when it starts a member's grace."""
@@ -185,11 +191,11 @@ class WatchLoss:
         return member
 
     def overdue(self, now: float, members: Container[int]) -> list[int]:
-        """Members silent for ``grace`` since their watch broke; each is reported once."""
+        """Members not heard from for ``grace`` since their watch broke; each is reported
+        once."""
         gone = []
         for node_id, lost_at in list(self._lost_at.items()):
-            heard_since = self._liveness.silent_for(node_id, now) < now - lost_at
-            if heard_since or node_id not in members:
+            if node_id not in members:
                 del self._lost_at[node_id]
             elif now - lost_at >= self._grace:
                 del self._lost_at[node_id]

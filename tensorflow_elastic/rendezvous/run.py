@@ -85,7 +85,7 @@ class Run:
         self._partitions = partition.PartitionReports()
         # The timer sleeps while nothing is due: the first node heard from wakes it.
         self._liveness = Liveness(on_first=self._timer_wake.set)
-        self._watch_loss = WatchLoss(self._liveness, settings.watch_loss_grace)
+        self._watch_loss = WatchLoss(settings.watch_loss_grace)
         self._intervals = BeatIntervals()
         # Newcomers whose join reply went out, until their first beat: what ends their hold.
         self._first_beats: dict[int, list[Callable[[], None]]] = {}  # the holds a beat ends
@@ -259,7 +259,7 @@ class Run:
         if self._first_beats:
             for release in self._first_beats.pop(node_id, ()):
                 release()
-        self._liveness.touch(node_id, self._clock.now())
+        self._heard(node_id)
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
             self._ack(node_id)
@@ -309,7 +309,7 @@ class Run:
             return await self._remove_dead(node_id, reason)
         peers = refusals.peers_to_probe(self._state, node_id, generation, peers)
         members = self._state.members
-        self._liveness.touch(node_id, self._clock.now())
+        self._heard(node_id)
         verdicts = await asyncio.gather(*(self._is_dead(peer, members[peer]) for peer in peers))
         dead = [peer for peer, is_dead in zip(peers, verdicts) if is_dead]
         alive = [peer for peer, is_dead in zip(peers, verdicts) if not is_dead]
@@ -346,7 +346,7 @@ class Run:
         """Barrier and exchange: returns every member's value once all have put theirs."""
         state = self._state
         refusals.check_member(state, node_id, generation)
-        self._liveness.touch(node_id, self._clock.now())
+        self._heard(node_id)
         self._ack(node_id)
         key = f"{kind}/{name}"
         deadline = time.monotonic() + timeout
@@ -531,6 +531,11 @@ class Run:
         if newcomer:  # a join retried with its nonce holds it twice: one beat ends both
             self._first_beats.setdefault(node_id, []).append(release)
         return reply_sent
+
+    def _heard(self, node_id: int) -> None:
+        """A message from the node: it is alive now."""
+        self._liveness.touch(node_id, self._clock.now())
+        self._watch_loss.heard(node_id)
 
     def _forget(self, node_id: int) -> None:
         """A node that left the run: its liveness and the interval it was asked go."""

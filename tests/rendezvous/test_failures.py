@@ -17,6 +17,7 @@ from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import (BlocklistedError, NodeRemovedError, RendezvousError,
                                            RunFailedError)
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
+from tensorflow_elastic.rendezvous.liveness import FIRST_BEAT_MAX_S
 
 pytestmark = pytest.mark.multiprocess
 
@@ -254,6 +255,28 @@ def test_a_killed_member_whose_watch_broke_is_removed_before_its_heartbeat_timeo
         node.wait(timeout=30)
     [failure] = read_events(str(events_file), "failure_detected")
     assert "connection closed" in failure["cause"], failure
+
+
+def test_a_newcomer_whose_watch_broke_before_its_first_beat_is_removed_after_the_grace(
+        start_orchestrator, nodes_for, wait, tmp_path):
+    # Its join reply keeps it alive until its first beat (FIRST_BEAT_MAX_S); that hold is no
+    # message from it, so its broken watch still counts.
+    events_file = tmp_path / "events.jsonl"
+    server = start_orchestrator("--events_file", str(events_file), "--watch_loss_grace", "0.5",
+                                heartbeat_timeout=120, last_call=120)
+    nodes = nodes_for(server.endpoint)
+    [a], [a_joined] = nodes.join_async(1, 1, 2)
+    [b], [b_joined] = nodes.join_async(1, 1, 2, heartbeat=None)
+    a_joined.result(timeout=60)
+    b_joined.result(timeout=60)
+    stream = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint)).Watch(
+        pb.WatchRequest(run_id="job", node_id=b.node_id))
+    assert next(stream).membership.generation == 1
+    stream.cancel()
+    wait(lambda: a.heartbeat().generation == 2, timeout=FIRST_BEAT_MAX_S - 2,
+         what="the silent newcomer's removal before its first beat was due")
+    [failure] = read_events(str(events_file), "failure_detected")
+    assert failure["failed"] == [b.node_id] and "connection closed" in failure["cause"], failure
 
 
 def test_a_live_member_whose_watch_broke_stays(start_orchestrator, nodes_for):

@@ -44,10 +44,8 @@ def test_the_longest_interval_asked_stays_until_every_node_asked_it_left():
 
 
 def test_watch_loss_reports_a_member_silent_for_the_grace_after_its_last_watch_broke():
-    live = Liveness()
-    loss = WatchLoss(live, grace=2.0)
+    loss = WatchLoss(grace=2.0)
     for node_id in (1, 2, 3, 4):
-        live.touch(node_id, 0.0)
         loss.opened(node_id)
     loss.opened(1)
     assert not loss.closed(1, 1.0, member=True)  # its second stream is still open
@@ -57,16 +55,14 @@ def test_watch_loss_reports_a_member_silent_for_the_grace_after_its_last_watch_b
     assert loss.closed(4, 1.0, member=True)
     loss.opened(4)  # watching again: alive
     assert loss.deadlines() == [3.0, 3.0]
-    live.touch(2, 1.5)  # heard from since its watch broke: alive
+    loss.heard(2)  # a message since its watch broke: alive
     assert loss.overdue(2.9, members={1, 2, 3, 4}) == []
     assert loss.overdue(3.0, members={1, 2, 3, 4}) == [1]
     assert loss.deadlines() == []
 
 
 def test_watch_loss_forgets_a_node_that_is_no_member_any_more():
-    live = Liveness()
-    loss = WatchLoss(live, grace=2.0)
-    live.touch(1, 0.0)
+    loss = WatchLoss(grace=2.0)
     loss.opened(1)
     assert loss.closed(1, 0.0, member=True)
     assert loss.overdue(5.0, members=set()) == []
