@@ -37,6 +37,7 @@ from tensorflow_elastic.rendezvous import partition, refusals
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
 from tensorflow_elastic.rendezvous.liveness import (
     FIRST_BEAT_MAX_S, REPLY_HOLD_MAX_S, BeatIntervals, Liveness, LoopClock, WatchLoss)
+from tensorflow_elastic.rendezvous.node_log import RangeCache
 from tensorflow_elastic.rendezvous.run_state import (
     AfterRemoval, Forming, JoinStep, Node, RunState, encode)
 from tensorflow_elastic.rendezvous.settings import (
@@ -75,6 +76,11 @@ class Run:
         self._events = events
         self._observer = observer
         self._store = store
+        if not store.persistent:
+            state.changed = None  # nothing is saved, so nothing to track
+        # Nodes whose changed records the save under way carries, until it is durable.
+        self._unsaved_nodes: set[int] = set()
+        self._ranges = RangeCache()
         self._committer = GroupCommitter(store, state.run_id, self._snapshot,
                                          on_durable=self._publish)
         self._timer_wake = asyncio.Event()
@@ -659,13 +665,15 @@ class Run:
     def _snapshot(self) -> Snapshot:
         """The state to save; the update it holds goes to the watchers once it is durable."""
         self._saving = self.update()
-        return encode(self._state)
+        self._unsaved_nodes |= self._state.take_changed()
+        return encode(self._state, self._unsaved_nodes, self._ranges)
 
     def _publish(self) -> None:
         """A save is durable: the watch streams get the update it holds (with a store that
         keeps nothing, the update now). A replica cut off from its store never gets here, so
         it tells no one of a change that the next leader will not know."""
         update, self._saving = self._saving or self.update(), None
+        self._unsaved_nodes = set()
         if update != self._published:
             self._published = update
             self._published_version += 1

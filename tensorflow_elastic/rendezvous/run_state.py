@@ -6,7 +6,8 @@ changed, or the step the run takes next: no I/O, no timers, no locks, so the run
 (run.py) decides by calling it and does the rest (events, saves, wake-ups, deadlines).
 
 The store writes the snapshot after every membership change; a restarted
-orchestrator decodes it and the run goes on. Heartbeats are not in it: every
+orchestrator decodes it and the run goes on. A snapshot carries only the node records that
+changed since the last durable save (see node_log.py); the store keeps the rest. Heartbeats are not in it: every
 known node gets the reload grace (RunSettings.reload_grace) to reconnect. A snapshot names its
 format, and one of another format is refused rather than misread.
 """
@@ -22,11 +23,15 @@ from typing import Any, Collection, Iterable
 
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
 from tensorflow_elastic.rendezvous.gathers import Gathers
+from tensorflow_elastic.rendezvous.node_log import (
+    CHANGES_FIELD, TABLE_FIELD, RangeCache, ids_in)
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import Snapshot
 from tensorflow_elastic.rendezvous.types import Phase
 
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
+# The format that saved every node in every snapshot: still read, never written.
+WHOLE_SNAPSHOT_FORMAT = 1
 # Removal causes kept per run, the latest ones; an older removed id is still known as removed.
 MAX_REMOVED_KEPT = 1000
 # Generations whose members are kept (see RunState.past).
@@ -130,6 +135,10 @@ class RunState:
     # past generation beat until they re-join, and each would cost a pass over every member.
     _removed_counts: tuple[dict[int, str], dict[int, int]] | None = dataclasses.field(
         default=None, compare=False, repr=False)
+    # Nodes whose record (address, nonce, waiting or not, gone) changed since the snapshot that
+    # last took them (see take_changed); None: not tracked (a store that keeps nothing).
+    changed: set[int] | None = dataclasses.field(default_factory=set, compare=False,
+                                                 repr=False)
 
     @classmethod
     def new(cls, run_id: str, min_nodes: int, max_nodes: int, settings: RunSettings) -> RunState:
@@ -203,8 +212,18 @@ class RunState:
 
     # -------------------------------------------------------------- transitions
 
+    def take_changed(self) -> set[int]:
+        """The nodes whose record changed since the last call."""
+        changed, self.changed = self.changed or set(), set()
+        return changed
+
+    def _touch(self, node_id: int) -> None:
+        if self.changed is not None:
+            self.changed.add(node_id)
+
     def add_node(self, node: Node) -> None:
         self.nodes[node.node_id] = node
+        self._touch(node.node_id)
         if node.nonce:
             self.nonces[node.nonce] = node.node_id
 
@@ -218,6 +237,7 @@ class RunState:
     def enqueue(self, node: Node) -> None:
         """Puts a node in the waiting queue: the next generation admits it."""
         self.waiting[node.node_id] = node
+        self._touch(node.node_id)
 
     def take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
         """Re-admits a removed node that may return, when it comes back from its own address.
@@ -242,7 +262,8 @@ class RunState:
         self.reason = cause
         self.members = {node_id: self.nodes[node_id].address for node_id in ids}
         for node_id in ids:
-            self.waiting.pop(node_id, None)
+            if self.waiting.pop(node_id, None) is not None:
+                self._touch(node_id)
         self.below_min_at = None
         self.gathers.end()
         self.past[self.generation] = frozenset(ids)
@@ -260,6 +281,7 @@ class RunState:
         if node is None:
             return None
         self.waiting.pop(node_id, None)
+        self._touch(node_id)
         self.nonces.pop(node.nonce, None)
         self.removed[node_id] = cause
         while len(self.removed) > MAX_REMOVED_KEPT:
@@ -313,6 +335,7 @@ class RunState:
         self.members = {}
         for node_id in survivors:
             self.waiting[node_id] = self.nodes[node_id]
+            self._touch(node_id)
         self.below_min_at = fail_at
         self.reason = (f"lost {lost} ({cause}); {len(self.waiting)} of min_nodes="
                        f"{self.min_nodes} remain")
@@ -371,41 +394,106 @@ def _new_blocklist(settings: RunSettings) -> Blocklist:
                      settings.blocklist_max_cooldown)
 
 
-def encode(state: RunState) -> Snapshot:
-    """The JSON-able snapshot of ``state``; deadlines are saved as wall-clock times."""
-    def nodes(ids: Iterable[int]) -> list[list[Any]]:
-        return [[i, state.nodes[i].address, state.nodes[i].nonce] for i in sorted(ids)]
+def encode(state: RunState, changed: Iterable[int] | None = None,
+           ranges: RangeCache | None = None) -> Snapshot:
+    """The JSON-able snapshot of ``state`` with the records of the ``changed`` nodes only (the
+    store has the others; None: every node, a snapshot that decodes alone); deadlines are
+    saved as wall-clock times. ``ranges`` encodes the id sets the state replaces whole once
+    each, across snapshots."""
+    ranges = ranges or RangeCache()
+    if changed is None:
+        changed = state.nodes
+    def record(node_id: int) -> list[Any]:
+        node = state.nodes.get(node_id)
+        if node is None:
+            return [node_id]
+        return [node_id, node.address, node.nonce, int(node_id in state.waiting)]
 
-    return {
+    snapshot = {
         "format": SNAPSHOT_FORMAT, "run_id": state.run_id, "min_nodes": state.min_nodes,
         "max_nodes": state.max_nodes, "next_id": state.next_id,
         "generation": state.generation, "state": state.phase.value, "reason": state.reason,
-        "members": nodes(state.members), "waiting": nodes(state.waiting),
-        "registered": nodes(state.registered()),
+        "members": ranges.ranges(state.members),
+        # Members whose node left while their generation runs (see RunState.remove_node).
+        "members_gone": {str(i): state.members[i]
+                         for i in sorted(state.members.keys() - state.nodes.keys())},
+        CHANGES_FIELD: [record(node_id) for node_id in sorted(changed)],
         "removed": {str(i): cause for i, cause in state.removed.items()},
         "returnable": {str(i): address for i, address in state.returnable.items()},
-        "past": [[g, sorted(ids)] for g, ids in state.past.items()],
+        "past": [[g, ranges.ranges(ids)] for g, ids in state.past.items()],
         "gathered": {key: {str(i): base64.b64encode(v).decode() for i, v in values.items()}
                      for key, values in state.gathers.completed.items()},
         "blocklist": state.blocklist.snapshot(),
         "below_min_at": (None if state.below_min_at is None
                          else state.below_min_at + _wall_clock_offset()),
-        "history": list(state.history),
+        "history": [{**entry, "nodes": ranges.ranges(entry["nodes"])}
+                    for entry in state.history],
         "job_finished": state.job_finished,
     }
+    ranges.end_pass()
+    return snapshot
 
 
 def decode(snapshot: Snapshot, settings: RunSettings) -> RunState:
-    """The state saved as ``snapshot``; raises ValueError for a snapshot of another format."""
-    if snapshot.get("format") != SNAPSHOT_FORMAT:
+    """The state saved as ``snapshot`` (with the store's whole table of node records, or of
+    the former whole-snapshot format); raises ValueError for a snapshot of another format.
+
+    The nodes of a whole snapshot are all marked changed: the next save writes them all."""
+    snapshot_format = snapshot.get("format")
+    if snapshot_format not in (SNAPSHOT_FORMAT, WHOLE_SNAPSHOT_FORMAT):
         raise ValueError(f"run {snapshot.get('run_id')!r}: unknown state format "
-                         f"{snapshot.get('format')}")
+                         f"{snapshot_format}; this orchestrator reads formats "
+                         f"{WHOLE_SNAPSHOT_FORMAT} and {SNAPSHOT_FORMAT}")
+    whole = snapshot_format == WHOLE_SNAPSHOT_FORMAT
     state = RunState.new(snapshot["run_id"], snapshot["min_nodes"], snapshot["max_nodes"],
                          settings)
     state.next_id = snapshot["next_id"]
     state.generation = snapshot["generation"]
     state.phase = Phase(snapshot["state"])
     state.reason = snapshot["reason"]
+    if whole:
+        _decode_whole_nodes(state, snapshot)
+    else:
+        _decode_records(state, snapshot)
+    state.removed = {int(i): cause for i, cause in snapshot["removed"].items()}
+    state.returnable = {int(i): address for i, address in snapshot.get("returnable", {}).items()}
+    state.past = collections.OrderedDict(
+        (g, frozenset(ids if whole else ids_in(ids))) for g, ids in snapshot["past"])
+    state.gathers = Gathers({key: {int(i): base64.b64decode(v) for i, v in values.items()}
+                             for key, values in snapshot["gathered"].items()})
+    state.blocklist.restore(snapshot["blocklist"])
+    if snapshot["below_min_at"] is not None:
+        state.below_min_at = snapshot["below_min_at"] - _wall_clock_offset()
+    state.job_finished = snapshot.get("job_finished", False)
+    state.history.extend(snapshot["history"] if whole else
+                         ({**entry, "nodes": ids_in(entry["nodes"])}
+                          for entry in snapshot["history"]))
+    state.changed = set(state.nodes) if whole else set()
+    return state
+
+
+def _decode_records(state: RunState, snapshot: Snapshot) -> None:
+    """Nodes, waiting queue and members from the store's table of node records (or those of a
+    snapshot taken of every node)."""
+    records = snapshot[TABLE_FIELD] if TABLE_FIELD in snapshot else snapshot[CHANGES_FIELD]
+    for node_id, address, nonce, waiting in records:
+        node = Node(node_id, address, nonce)
+        state.add_node(node)
+        if waiting:
+            state.waiting[node_id] = node
+    gone = snapshot.get("members_gone", {})
+    members = {}
+    for node_id in ids_in(snapshot["members"]):
+        node = state.nodes.get(node_id)
+        address = node.address if node is not None else gone.get(str(node_id))
+        if address is None:
+            raise ValueError(f"run {state.run_id!r}: member {node_id} has no node record")
+        members[node_id] = address
+    state.members = members
+
+
+def _decode_whole_nodes(state: RunState, snapshot: Snapshot) -> None:
+    """Nodes, waiting queue and members of a snapshot of the former whole-snapshot format."""
     for group in ("members", "waiting", "registered"):
         for node_id, address, nonce in snapshot.get(group, ()):
             node = Node(node_id, address, nonce)
@@ -414,17 +502,6 @@ def decode(snapshot: Snapshot, settings: RunSettings) -> RunState:
                 state.members[node_id] = address
             elif group == "waiting":
                 state.waiting[node_id] = node
-    state.removed = {int(i): cause for i, cause in snapshot["removed"].items()}
-    state.returnable = {int(i): address for i, address in snapshot.get("returnable", {}).items()}
-    state.past = collections.OrderedDict((g, frozenset(ids)) for g, ids in snapshot["past"])
-    state.gathers = Gathers({key: {int(i): base64.b64decode(v) for i, v in values.items()}
-                             for key, values in snapshot["gathered"].items()})
-    state.blocklist.restore(snapshot["blocklist"])
-    if snapshot["below_min_at"] is not None:
-        state.below_min_at = snapshot["below_min_at"] - _wall_clock_offset()
-    state.job_finished = snapshot.get("job_finished", False)
-    state.history.extend(snapshot["history"])
-    return state
 
 
 def _wall_clock_offset() -> float:

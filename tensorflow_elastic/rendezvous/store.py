@@ -3,7 +3,9 @@
 A store saves and loads one JSON-able snapshot per run. That is all the
 orchestrator asks of it, so a store on a distributed key-value engine (one key
 per run, written in a transaction) can replace the file store without touching
-the state machine. Membership changes are persisted, heartbeats are not.
+the state machine. Membership changes are persisted, heartbeats are not. A
+snapshot to save carries only the node records that changed; the store keeps
+the others in a log it compacts (node_log.py), and a load gives the whole run.
 
 :class:`GroupCommitter` batches saves: any number of changes made while a save
 is running go out together in the next one, so 1,000 nodes joining at once
@@ -23,6 +25,9 @@ import logging
 import os
 import tempfile
 from typing import Any, Callable
+
+from tensorflow_elastic.rendezvous import node_log
+from tensorflow_elastic.rendezvous.node_log import NodeTable
 
 Snapshot = dict[str, Any]
 
@@ -52,7 +57,9 @@ class MembershipStore(abc.ABC):
 
     @abc.abstractmethod
     def save(self, run_id: str, snapshot: Snapshot) -> None:
-        """Stores a run's snapshot; durable when it returns. Called off the event loop."""
+        """Stores a run's snapshot (its node records: those that changed since the last save
+        that returned); durable when it returns. Called off the event loop, one save of a
+        run at a time."""
 
     @abc.abstractmethod
     def delete(self, run_id: str) -> None:
@@ -86,14 +93,21 @@ class MemoryStore(MembershipStore):
 
 
 class FileStore(MembershipStore):
-    """One JSON file per run in a directory, replaced atomically and fsynced.
+    """Per run, a JSON header file replaced atomically and fsynced, and a log of node records.
 
     A file is named after a hash of its run id (the id itself is inside): any
     id fits a file name. Files of the former naming (the id in hex) are renamed
     when loaded. An unreadable file is renamed to ``<name>.corrupt`` and kept.
+
+    A save appends its changed node records to the run's log file as one line
+    (fsynced), then replaces the header, which names the log file and how many
+    of its bytes it covers: bytes past that (a save cut short) are cut off at the
+    next load. A new base goes to a new log file that only the next header
+    names; the former one is deleted after it.
     """
 
     _SUFFIX = ".run.json"
+    _LOG_SUFFIX = ".nodes"
     _TEMP_PREFIX = ".tmp-"
     _SET_ASIDE_SUFFIX = ".corrupt"
     LOCK_NAME = ".lock"
@@ -116,6 +130,9 @@ class FileStore(MembershipStore):
                 f"on one etcd store (--store etcd://...)") from None
         os.ftruncate(self._lock, 0)
         os.pwrite(self._lock, f"{os.getpid()}\n".encode(), 0)
+        # run id -> its node records as saved, and (log file name, bytes the header covers).
+        self._tables: dict[str, NodeTable] = {}
+        self._logs: dict[str, tuple[str, int]] = {}
 
     def close(self) -> None:
         if self._lock >= 0:
@@ -123,21 +140,26 @@ class FileStore(MembershipStore):
             self._lock = -1
 
     def _path(self, run_id: str) -> str:
-        return os.path.join(self.directory,
-                            hashlib.sha256(run_id.encode()).hexdigest() + self._SUFFIX)
+        return os.path.join(self.directory, _digest(run_id) + self._SUFFIX)
 
     def load(self) -> dict[str, Snapshot]:
         runs = {}
+        self._tables.clear()
+        self._logs.clear()
+        logs = []
         for name in sorted(os.listdir(self.directory)):
             path = os.path.join(self.directory, name)
             if name.startswith(self._TEMP_PREFIX):
                 # A save that kill -9 cut short; the file it was to replace is whole.
                 os.unlink(path)
                 continue
+            if name.endswith(self._LOG_SUFFIX):
+                logs.append(name)
+                continue
             if not name.endswith(self._SUFFIX):
                 continue
             try:
-                snapshot = _read_snapshot(path)
+                snapshot = self._read_run(path)
             except (OSError, ValueError) as e:
                 self._set_aside_file(path, str(e))
                 continue
@@ -145,9 +167,52 @@ class FileStore(MembershipStore):
             if path != self._path(run_id):
                 os.replace(path, self._path(run_id))
             runs[run_id] = snapshot
+        self._drop_unnamed_logs(logs)
         return runs
 
+    def _read_run(self, path: str) -> Snapshot:
+        """The whole snapshot of a header file and the log it names; ValueError when either
+        cannot be read. A log's bytes past what the header covers are cut off."""
+        header = _read_snapshot(path)
+        log = header.get(node_log.LOG_FIELD)
+        if log is None:
+            return header  # the former whole-snapshot format
+        try:
+            name, length = log["file"], log["bytes"]
+            own = (isinstance(name, str) and isinstance(length, int)
+                   and name.startswith(_digest(header["run_id"]) + ".")
+                   and name.endswith(self._LOG_SUFFIX) and os.sep not in name)
+        except (TypeError, KeyError):
+            own = False
+        if not own:
+            raise ValueError("its header names no node log of its own")
+        log_path = os.path.join(self.directory, name)
+        with open(log_path, "rb") as f:
+            data = f.read(length + 1)
+        if len(data) < length:
+            raise ValueError(f"its node log {name} has {len(data)} of the {length} bytes "
+                             f"its header names")
+        table = NodeTable()
+        for line in data[:length].splitlines():
+            table.apply(json.loads(line))
+        if len(data) > length:
+            os.truncate(log_path, length)
+        self._tables[header["run_id"]] = table
+        self._logs[header["run_id"]] = (name, length)
+        return node_log.joined(header, table)
+
+    def _drop_unnamed_logs(self, names: list[str]) -> None:
+        """Deletes the node logs of loaded runs that their headers do not name (a new base
+        cut short, or the base it replaced)."""
+        named = {log_name for log_name, _ in self._logs.values()}
+        loaded = {_digest(run_id) for run_id in self._logs}
+        for name in names:
+            if name not in named and name.split(".", 1)[0] in loaded:
+                os.unlink(os.path.join(self.directory, name))
+
     def set_aside(self, run_id: str, reason: str) -> None:
+        self._tables.pop(run_id, None)
+        self._logs.pop(run_id, None)
         self._set_aside_file(self._path(run_id), reason)
 
     def _set_aside_file(self, path: str, reason: str) -> None:
@@ -156,7 +221,40 @@ class FileStore(MembershipStore):
                      "the other runs", path, reason, path + self._SET_ASIDE_SUFFIX)
 
     def save(self, run_id: str, snapshot: Snapshot) -> None:
-        data = json.dumps(snapshot, separators=(",", ":")).encode()
+        header, changes = node_log.split(snapshot)
+        table, log = self._tables.get(run_id), self._logs.get(run_id)
+        if table is None or log is None or table.compacts_with(changes):
+            table = (table or NodeTable()).after(changes)
+            log = (f"{_digest(run_id)}.{os.urandom(4).hex()}{self._LOG_SUFFIX}", 0)
+            log = (log[0], self._append(log, table.base()))
+            replaced = self._logs.get(run_id)
+        else:
+            log = (log[0], self._append(log, changes)) if changes else log
+            replaced = None
+        header[node_log.LOG_FIELD] = {"file": log[0], "bytes": log[1]}
+        self._replace_header(run_id, header)
+        if replaced is None:
+            table.apply(changes)
+        self._tables[run_id], self._logs[run_id] = table, log
+        if replaced is not None:
+            os.unlink(os.path.join(self.directory, replaced[0]))
+
+    def _append(self, log: tuple[str, int], records: list) -> int:
+        """Writes ``records`` as one line at the end of what the header covers (bytes past it
+        are a save cut short) and fsyncs; returns the log's new length."""
+        name, length = log
+        line = json.dumps(records, separators=(",", ":")).encode() + b"\n"
+        fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, length)
+            os.pwrite(fd, line, length)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return length + len(line)
+
+    def _replace_header(self, run_id: str, header: Snapshot) -> None:
+        data = json.dumps(header, separators=(",", ":")).encode()
         fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=self._TEMP_PREFIX)
         try:
             with os.fdopen(fd, "wb") as f:
@@ -170,10 +268,14 @@ class FileStore(MembershipStore):
         self._sync_directory()
 
     def delete(self, run_id: str) -> None:
+        self._tables.pop(run_id, None)
+        log = self._logs.pop(run_id, None)
         try:
             os.unlink(self._path(run_id))
         except FileNotFoundError:
             return
+        if log is not None:
+            os.unlink(os.path.join(self.directory, log[0]))
         self._sync_directory()
 
     def _sync_directory(self) -> None:
@@ -182,6 +284,10 @@ class FileStore(MembershipStore):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _digest(run_id: str) -> str:
+    return hashlib.sha256(run_id.encode()).hexdigest()
 
 
 def _read_snapshot(path: str) -> Snapshot:

@@ -75,8 +75,8 @@ def test_runs_beyond_the_limit_are_refused(serve):
 
 
 def _run_files(state_dir) -> list[str]:
-    """The runs' files in a state directory (not the orchestrator's lock)."""
-    return [name for name in os.listdir(state_dir) if name != FileStore.LOCK_NAME]
+    """The runs' header files in a state directory (not their node logs nor the lock)."""
+    return [name for name in os.listdir(state_dir) if name.endswith(".run.json")]
 
 
 def test_an_ended_run_expires_from_memory_and_store(serve, tmp_path):

@@ -67,11 +67,13 @@ def test_kill_9_and_restart_keeps_the_run(start_orchestrator, nodes_for, wait, t
 def test_file_store_round_trip(tmp_path):
     store = FileStore(str(tmp_path))
     store.save("job/1 ü", {"run_id": "job/1 ü", "generation": 3})
-    store.save("other", {"run_id": "other", "generation": 1})
-    store.save("other", {"run_id": "other", "generation": 2})
+    store.save("other", {"run_id": "other", "generation": 1,
+                         "node_changes": [[0, "a:1", "", 1], [1, "b:1", "n", 0]]})
+    store.save("other", {"run_id": "other", "generation": 2, "node_changes": [[0]]})
     store.close()
-    assert FileStore(str(tmp_path)).load() == {"job/1 ü": {"run_id": "job/1 ü", "generation": 3},
-                                               "other": {"run_id": "other", "generation": 2}}
+    assert FileStore(str(tmp_path)).load() == {
+        "job/1 ü": {"run_id": "job/1 ü", "generation": 3, "nodes": []},
+        "other": {"run_id": "other", "generation": 2, "nodes": [[1, "b:1", "n", 0]]}}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
     assert MemoryStore().load() == {}
 
@@ -189,8 +191,9 @@ def test_a_state_dir_of_the_former_naming_loads(tmp_path):
     assert store.load() == {"job": {"run_id": "job", "generation": 3}}
     store.save("job", {"run_id": "job", "generation": 4})
     store.close()
-    assert FileStore(str(tmp_path)).load() == {"job": {"run_id": "job", "generation": 4}}
-    assert len([p for p in tmp_path.iterdir() if p.name != FileStore.LOCK_NAME]) == 1
+    assert FileStore(str(tmp_path)).load() == {"job": {"run_id": "job", "generation": 4,
+                                                       "nodes": []}}
+    assert len([p for p in tmp_path.iterdir() if p.name.endswith(".run.json")]) == 1
 
 
 def test_a_second_orchestrator_on_the_same_state_dir_is_refused_and_the_first_keeps_it(tmp_path):
@@ -201,7 +204,7 @@ def test_a_second_orchestrator_on_the_same_state_dir_is_refused_and_the_first_ke
     first.save("job", {"run_id": "job", "generation": 2})  # its files are untouched
     first.close()
     second = FileStore(str(tmp_path))  # free once the first let go
-    assert second.load() == {"job": {"run_id": "job", "generation": 2}}
+    assert second.load() == {"job": {"run_id": "job", "generation": 2, "nodes": []}}
     second.close()
 
 
