@@ -221,8 +221,11 @@ class EtcdStore(MembershipStore):
         if sum(map(len, chunks)) <= PART_BYTES:
             with_head = [etcd.put(key, chunk) for key, chunk in zip(keys, chunks)]
         else:
+            # Under the head's revision too: a replica that another one wrote past must not
+            # overwrite keys of the log they share.
+            head = [etcd.modified_at(self._key(run_id), self._revisions.get(run_id, 0))]
             for key, chunk in zip(keys, chunks):
-                self._write(f"save node records of run {run_id!r}", [], [etcd.put(key, chunk)],
+                self._write(f"save node records of run {run_id!r}", head, [etcd.put(key, chunk)],
                             written=(key, chunk))
         log = (log[0], log[1] + len(chunks))
         header[node_log.LOG_FIELD] = {"prefix": log[0].decode(), "count": log[1]}

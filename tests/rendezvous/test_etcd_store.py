@@ -18,6 +18,7 @@ from tensorflow_elastic.rendezvous.errors import NotLeaderError, StoreLimitError
 from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
 from tests.conftest import wait_until
+from tests.rendezvous import test_node_log as node_log_test
 
 # A real etcd restarted on its port: no other test process beside it (tests/conftest.py).
 pytestmark = pytest.mark.serial
@@ -69,7 +70,8 @@ def test_saves_are_guarded_by_the_lead_and_the_revision(client):
     store = EtcdStore(client, PREFIX, election, on_conflict=conflicts.append)
     store.save("job", {"run_id": "job", "next_id": 1})
     store.save("job", {"run_id": "job", "next_id": 2})
-    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 2}}
+    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 2,
+                                                                 "nodes": []}}
     # Another writer moved the run's key on: the next save must not overwrite it.
     other = EtcdStore(client, PREFIX, election)
     other.load()
@@ -105,7 +107,7 @@ def test_corrupt_values_are_set_aside_and_the_others_load(client):
     bad_key = f"{PREFIX}/runs/garbage".encode()
     client.txn([], [etcd.put(bad_key, b"{not json")])
     client.txn([], [etcd.put(f"{PREFIX}/runs/list".encode(), b"[1, 2]")])
-    assert EtcdStore(client, PREFIX, election).load() == {"good": {"run_id": "good"}}
+    assert EtcdStore(client, PREFIX, election).load() == {"good": {"run_id": "good", "nodes": []}}
     assert client.get(bad_key) is None
     assert client.get(f"{PREFIX}/corrupt/garbage".encode()).value == b"{not json"
     election.stop()
@@ -232,13 +234,14 @@ def test_a_snapshot_over_etcd_s_request_limit_is_saved_in_parts(client):
     big = _big_snapshot("job", 3 * 2**20)  # twice etcd's 1.5 MiB request limit
     store.save("job", big)
     store.save("job", dict(big, next_id=2))  # replaces the parts of the first save
-    assert EtcdStore(client, PREFIX, election).load() == {"job": dict(big, next_id=2)}
+    assert EtcdStore(client, PREFIX, election).load() == {"job": dict(big, next_id=2, nodes=[])}
     parts = f"{PREFIX}/parts/".encode()
     part_sets = {kv.key.rsplit(b"/", 2)[1] for kv in client.scan(parts, keys_only=True)}
     assert len(part_sets) == 1, part_sets  # the first save's parts went with its head
     store.save("job", {"run_id": "job", "next_id": 3})  # small again: a whole value
     assert not list(client.scan(parts, keys_only=True))
-    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 3}}
+    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 3,
+                                                                 "nodes": []}}
     assert not conflicts and election.leading
     election.stop()
 
@@ -324,7 +327,8 @@ def test_a_transaction_applied_before_its_answer_was_lost_is_no_conflict(client)
     store.save("job", {"run_id": "job", "next_id": 2})  # applied, then sent again
     assert lossy.lost == 1 and not conflicts and election.leading
     store.save("job", {"run_id": "job", "next_id": 3})  # the revision it read back is right
-    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 3}}
+    assert EtcdStore(client, PREFIX, election).load() == {"job": {"run_id": "job", "next_id": 3,
+                                                                 "nodes": []}}
     election.stop()
 
 
@@ -348,4 +352,77 @@ def test_a_head_naming_parts_of_another_run_is_set_aside(client):
     client.txn([], [etcd.put(store._key("forged"), json.dumps(head).encode())])
     assert set(EtcdStore(client, PREFIX, election).load()) == {"victim"}
     assert client.get(store._key("forged")) is None  # moved to PREFIX/corrupt/
+    election.stop()
+
+
+# ------------------------------------------------------------- the node log
+
+def _node_log_keys(client) -> list[bytes]:
+    return [kv.key for kv in client.scan(f"{PREFIX}/nodes/".encode(), keys_only=True)]
+
+
+def test_a_run_saved_change_by_change_loads_as_it_was_on_etcd(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    state = node_log_test.new_state()
+    store = EtcdStore(client, PREFIX, election)
+    # Records of ~600 bytes: the base and the formation's records go in several keys.
+    node_log_test.run_a_job(node_log_test.Saver(store, state), 2000, address_bytes=500)
+    loaded_store = EtcdStore(client, PREFIX, election)
+    node_log_test.assert_same(node_log_test.load(loaded_store), state)
+    tags = {key.rsplit(b"/", 2)[1] for key in _node_log_keys(client)}
+    assert len(tags) == 1, tags  # the former bases went with the heads that replaced them
+    node_log_test.join(state, 3)
+    node_log_test.Saver(loaded_store, state).save()  # the loaded store goes on
+    node_log_test.assert_same(node_log_test.load(EtcdStore(client, PREFIX, election)), state)
+    election.stop()
+
+
+def test_a_replica_written_past_cannot_touch_the_node_log_it_shares(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    state = node_log_test.new_state()
+    stale = EtcdStore(client, PREFIX, election, on_conflict=lambda cause: None)
+    saver = node_log_test.Saver(stale, state)
+    node_log_test.join(state, 10)
+    saver.save()
+    other = EtcdStore(client, PREFIX, election)
+    theirs = node_log_test.load(other)
+    node_log_test.join(theirs, 2)
+    node_log_test.Saver(other, theirs).save()
+    node_log_test.join(state, 600, address_bytes=500)  # records written before the head
+    with pytest.raises(NotLeaderError, match="revision check failed"):
+        saver.save()
+    node_log_test.assert_same(node_log_test.load(EtcdStore(client, PREFIX, election)), theirs)
+    election.stop()
+
+
+def test_node_log_keys_no_head_names_are_dropped_at_the_next_load(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    state = node_log_test.new_state()
+    store = EtcdStore(client, PREFIX, election)
+    node_log_test.join(state, 20)
+    node_log_test.Saver(store, state).save()
+    named = _node_log_keys(client)
+    [tag] = {key.rsplit(b"/", 2)[1] for key in named}
+    run_nodes = named[0].rsplit(b"/", 2)[0]
+    # A save cut short after its records (past the head's count) and a new base cut short.
+    client.txn([], [etcd.put(run_nodes + b"/" + tag + b"/%08d" % len(named), b"[[999]]"),
+                    etcd.put(run_nodes + b"/cut-short/00000000", b"[]")])
+    node_log_test.assert_same(node_log_test.load(EtcdStore(client, PREFIX, election)), state)
+    assert _node_log_keys(client) == named
+    election.stop()
+
+
+def test_a_node_log_key_missing_sets_the_run_aside(client):
+    election, _ = _elect(client, "replica-1")
+    wait_until(lambda: election.leading, timeout=10, what="the lead")
+    state = node_log_test.new_state()
+    store = EtcdStore(client, PREFIX, election)
+    node_log_test.join(state, 20)
+    node_log_test.Saver(store, state).save()
+    client.txn([], [etcd.delete(_node_log_keys(client)[0])])
+    assert EtcdStore(client, PREFIX, election).load() == {}
+    assert list(client.scan(f"{PREFIX}/corrupt/".encode(), keys_only=True))
     election.stop()

@@ -19,8 +19,8 @@ from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import Client
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
-from tensorflow_elastic.rendezvous.store import (FileStore, GroupCommitter, MemoryStore,
-                                                  StoreInUse)
+from tensorflow_elastic.rendezvous.store import (
+    SAVE_SPACING_S, FileStore, GroupCommitter, MemoryStore, StoreInUse)
 
 # Node addresses: nothing needs to listen there.
 FIRST_NODE_PORT = 21000
@@ -102,6 +102,36 @@ def test_group_commit_batches_changes_made_during_a_save():
     saved = asyncio.run(scenario())
     assert saved[-1] == {"n": 100}
     assert len(saved) <= 2
+
+
+def test_saves_that_follow_each_other_start_a_spacing_apart_and_an_idle_store_saves_at_once():
+    class TimingStore(MemoryStore):
+        persistent = True
+
+        def __init__(self):
+            self.started = []
+
+        def save(self, run_id, snapshot):
+            self.started.append(time.monotonic())
+
+    async def scenario():
+        store = TimingStore()
+        committer = GroupCommitter(store, "job", dict)
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:  # a change every millisecond, as a flood of joins
+            committer.mark()
+            await asyncio.sleep(0.001)
+        await committer.wait(committer.last_ticket)
+        await asyncio.sleep(1.5 * SAVE_SPACING_S)
+        idle_mark = time.monotonic()
+        await committer.wait(committer.mark())
+        return store.started, idle_mark
+
+    started, idle_mark = asyncio.run(scenario())
+    gaps = [b - a for a, b in zip(started[:-1], started[1:-1])]
+    assert len(started) <= 0.5 / SAVE_SPACING_S + 3, len(started)
+    assert min(gaps) >= SAVE_SPACING_S * 0.9, gaps
+    assert started[-1] - idle_mark < SAVE_SPACING_S / 2  # not held back
 
 
 @pytest.mark.multiprocess
