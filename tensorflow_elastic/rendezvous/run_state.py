@@ -7,9 +7,10 @@ changed, or the step the run takes next: no I/O, no timers, no locks, so the run
 
 The store writes the snapshot after every membership change; a restarted
 orchestrator decodes it and the run goes on. A snapshot carries only the node records that
-changed since the last durable save (see node_log.py); the store keeps the rest. Heartbeats are not in it: every
-known node gets the reload grace (RunSettings.reload_grace) to reconnect. A snapshot names its
-format, and one of another format is refused rather than misread.
+changed since the last durable save (see node_log.py); the store keeps the rest. Heartbeats
+are not in it: every known node gets the reload grace (RunSettings.reload_grace) to
+reconnect. A snapshot names its format: the former whole-snapshot one is still read, one of
+another format is refused rather than misread.
 """
 
 from __future__ import annotations
@@ -214,7 +215,9 @@ class RunState:
 
     def take_changed(self) -> set[int]:
         """The nodes whose record changed since the last call."""
-        changed, self.changed = self.changed or set(), set()
+        changed = self.changed or set()
+        if self.changed is not None:
+            self.changed = set()
         return changed
 
     def _touch(self, node_id: int) -> None:
