@@ -114,10 +114,18 @@ def update(members: Mapping[int, str], node_id: int) -> None:
 
 
 def abort_collectives(reason: str) -> None:
-    """Unblocks every collective waiting on a peer that is gone; the next update() recovers."""
-    from tensorflow.python.framework import errors
+    """Unblocks every collective waiting on a peer that is gone; the next update() recovers.
 
-    context.context().abort_collective_ops(errors.UNAVAILABLE, reason)
+    Without holding the interpreter lock (TensorFlow's own binding holds it)."""
+    load_binding().abort_collectives(private(context.context(), "_handle"), reason)
+
+
+def check_peer(peer: int, timeout_ms: int) -> None:
+    """Returns when the peer's TensorFlow server answers; raises when it does not within
+    ``timeout_ms``. The other Python threads (heartbeats) run meanwhile, which TensorFlow's
+    own binding of the probe does not let them."""
+    load_binding().check_peer_health(private(context.context(), "_handle"), task_device(peer),
+                                     timeout_ms)
 
 
 def unreachable_peers(members: Mapping[int, str], node_id: int,
@@ -130,8 +138,7 @@ def unreachable_peers(members: Mapping[int, str], node_id: int,
 
     def unreachable(peer: int) -> bool:
         try:
-            context.context().check_collective_ops_peer_health(task_device(peer),
-                                                               timeout_in_ms=timeout_ms)
+            check_peer(peer, timeout_ms)
         except Exception:  # noqa: BLE001 - any failure to answer means unreachable
             return True
         return False
