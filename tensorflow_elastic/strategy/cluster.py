@@ -113,19 +113,32 @@ def update(members: Mapping[int, str], node_id: int) -> None:
                                                        local_devices_config()).SerializeToString())
 
 
+def _context_handle() -> object | None:
+    """The eager context's handle; None before TensorFlow initialized it (no collective can
+    have started)."""
+    return private(context.context(), "_context_handle")
+
+
 def abort_collectives(reason: str) -> None:
     """Unblocks every collective waiting on a peer that is gone; the next update() recovers.
 
     Without holding the interpreter lock (TensorFlow's own binding holds it)."""
-    load_binding().abort_collectives(private(context.context(), "_handle"), reason)
+    handle = _context_handle()
+    if handle is not None:
+        load_binding().abort_collectives(handle, reason)
 
 
 def check_peer(peer: int, timeout_ms: int) -> None:
     """Returns when the peer's TensorFlow server answers; raises when it does not within
     ``timeout_ms``. The other Python threads (heartbeats) run meanwhile, which TensorFlow's
-    own binding of the probe does not let them."""
-    load_binding().check_peer_health(private(context.context(), "_handle"), task_device(peer),
-                                     timeout_ms)
+    own binding of the probe does not let them. Call it from the thread that updates the
+    server (the probe uses the server's current executors)."""
+    if timeout_ms <= 0:
+        raise ValueError(f"timeout_ms={timeout_ms}: a probe needs a bound above 0")
+    handle = _context_handle()
+    if handle is None:
+        raise RuntimeError("TensorFlow's server is not running: no peer can be probed")
+    load_binding().check_peer_health(handle, task_device(peer), timeout_ms)
 
 
 def unreachable_peers(members: Mapping[int, str], node_id: int,

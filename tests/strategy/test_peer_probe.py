@@ -39,3 +39,16 @@ def test_a_probe_of_a_silent_peer_lets_the_other_python_threads_run():
     # times when the probe lets it run, and not at all when the probe holds the lock.
     assert result["silent_probe_s"] >= 1.0, result
     assert result["turns_during"] >= 0.25 * result["silent_probe_s"] / 0.01, result
+
+
+def test_news_of_a_lost_peer_before_tensorflow_started_aborts_nothing_and_starts_nothing():
+    script = ("from tensorflow.python.eager import context\n"
+              "from tensorflow_elastic.strategy import cluster\n"
+              "cluster.abort_collectives('a peer left before this process built its strategy')\n"
+              "print(context.context()._initialized)\n")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["False"]  # the user's device settings can still be made
