@@ -34,11 +34,12 @@ def test_kill_9_and_restart_keeps_the_run(start_orchestrator, nodes_for, wait, t
     (a, ma), (b, _) = nodes.join(2, 2, 3)
     synced = [nodes.submit(c.synchronize, "addr", str(c.node_id).encode(), 30) for c in (a, b)]
     values = [f.result(timeout=30) for f in synced]
-    [standby], [pending] = nodes.join_async(1, 2, 3, timeout=60)
-    wait(lambda: a.heartbeat().waiting == 1, what="a waiting node")
     updates: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [updates.put(u) for u in b.watch()], daemon=True).start()
     assert updates.get(timeout=20).membership.generation == 1
+    [standby], [pending] = nodes.join_async(1, 2, 3, timeout=60)
+    # Watchers hear only of saved changes: once one hears of the waiting node, it is durable.
+    wait(lambda: updates.get(timeout=20).waiting == 1, what="the waiting node, saved")
 
     first.kill()  # SIGKILL: nothing is flushed at exit
     second = start_orchestrator("--state_dir", state_dir, port=first.port)
