@@ -230,10 +230,10 @@ class RendezvousService:
 
     @_rpc
     async def Join(self, request: pb.JoinRequest, context: Any) -> bytes:
-        reply, reply_sent = await self._join(request)
+        head, tail, reply_sent = await self._join(request)
         if reply_sent is not None:
             context.add_done_callback(lambda _: reply_sent())
-        return reply
+        return head + tail
 
     @_rpc
     async def JoinMany(self, request: pb.JoinManyRequest, context: Any) -> bytes:
@@ -248,22 +248,28 @@ class RendezvousService:
         sent = [reply_sent for _, reply_sent in answered if reply_sent is not None]
         if sent:
             context.add_done_callback(lambda _: [reply_sent() for reply_sent in sent])
-        return b"".join(_field(1, answer) for answer, _ in answered)
+        # Joined once: a reply may carry the whole member map.
+        return b"".join(piece for pieces, _ in answered for piece in pieces)
 
     async def _join_answer(self, request: pb.JoinRequest
-                           ) -> tuple[bytes, Callable[[], None] | None]:
-        """One JoinMany entry: its reply, or its error, as a serialized JoinAnswer."""
+                           ) -> tuple[tuple[bytes, ...], Callable[[], None] | None]:
+        """One JoinMany entry as field 1 of the response, in pieces: a JoinAnswer holding the
+        join's reply (its field 1), or its error; and what to call once it has been sent."""
         try:
-            reply, reply_sent = await self._join(request)
+            head, tail, reply_sent = await self._join(request)
         except RendezvousError as e:
             self._metrics.rpc_done("Join", e.code.name)
-            return pb.JoinAnswer(code=e.code.value[0], message=e.message,
-                                 reason=e.reason).SerializeToString(), None
+            answer = pb.JoinAnswer(code=e.code.value[0], message=e.message,
+                                   reason=e.reason).SerializeToString()
+            return (_field_prefix(1, len(answer)), answer), None
         self._metrics.rpc_done("Join", "OK")
-        return _field(1, reply), reply_sent
+        reply = _field_prefix(1, len(head) + len(tail))
+        return (_field_prefix(1, len(reply) + len(head) + len(tail)), reply, head, tail), reply_sent
 
-    async def _join(self, request: pb.JoinRequest) -> tuple[bytes, Callable[[], None] | None]:
-        """A join's serialized reply, and what to call once it has been sent (None: nothing)."""
+    async def _join(self, request: pb.JoinRequest
+                    ) -> tuple[bytes, bytes, Callable[[], None] | None]:
+        """A join's serialized reply in two pieces (its head, the membership), and what to call
+        once it has been sent (None: nothing)."""
         _check_run_id(request.run_id)
         _check_address(request.address)
         _check_text("nonce", request.nonce, MAX_NONCE)
@@ -295,8 +301,8 @@ class RendezvousService:
         run.check_config(request.min_nodes, request.max_nodes)
         if request.register_only:
             node_id = await run.register(request.address, request.nonce)
-            return (pb.JoinResponse(node_id=node_id).SerializeToString()
-                    + self._join_tail(run, request)), None
+            return (pb.JoinResponse(node_id=node_id).SerializeToString(),
+                    self._join_tail(run, request), None)
         node_id = request.node_id if request.HasField("node_id") else None
         membership = await run.join(request.address, node_id, request.last_generation,
                                     request.nonce, request.timeout_s)
@@ -305,8 +311,8 @@ class RendezvousService:
         return (pb.JoinResponse(node_id=membership.node_id,
                                 taken_back_after=membership.taken_back_after,
                                 heartbeat_interval_s=run.ask_interval(membership.node_id)
-                                ).SerializeToString()
-                + self._join_tail(run, request)), reply_sent
+                                ).SerializeToString(),
+                self._join_tail(run, request), reply_sent)
 
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
@@ -467,15 +473,15 @@ def _heartbeat_reply(info: HeartbeatInfo) -> pb.HeartbeatResponse:
                                 queued=info.queued)
 
 
-def _field(number: int, encoded: bytes) -> bytes:
-    """``encoded`` (a serialized message) as field ``number`` of the message that holds it,
-    so that replies encoded once are nested without being parsed again."""
-    length, size = bytearray(), len(encoded)
+def _field_prefix(number: int, size: int) -> bytes:
+    """What precedes a serialized message of ``size`` bytes as field ``number`` of the message
+    that holds it, so that replies encoded once are nested without being parsed again."""
+    prefix = bytearray([number << 3 | 2])
     while size > 0x7F:
-        length.append(size & 0x7F | 0x80)
+        prefix.append(size & 0x7F | 0x80)
         size >>= 7
-    length.append(size)
-    return bytes([number << 3 | 2]) + bytes(length) + encoded
+    prefix.append(size)
+    return bytes(prefix)
 
 
 def _serialize(reply: Any) -> bytes:
