@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import fcntl
+import gc
 import importlib
 import io
 import os
@@ -246,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     connection = socket.socket(fileno=args.fd)
     for module in args.preload:
         importlib.import_module(module)
+    # What the imports made lives as long as a worker: its collections need not walk it (and
+    # so touch, and copy, every page of it).
+    gc.freeze()
     settle()
     _send(connection, pb.ServerMessage(ready=pb.Ready(pid=os.getpid())))
     serve(connection)
