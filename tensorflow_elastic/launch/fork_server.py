@@ -153,6 +153,7 @@ def _become_worker(connection: socket.socket, request: pb.ForkRequest,
     os.environ.clear()
     os.environ.update(request.env)
     _reopen_standard_streams(request.unbuffered)
+    _reseed_numpy()
     sys.argv = list(request.argv)
     # As `python SCRIPT` (`python -m MODULE`): its directory (the working directory) first.
     sys.path[0] = os.getcwd() if request.module else os.path.dirname(os.path.abspath(sys.argv[0]))
@@ -207,6 +208,14 @@ def _reopen_standard_streams(unbuffered: bool) -> None:
         setattr(sys, f"__{name}__", stream)
 
 
+def _reseed_numpy() -> None:
+    """numpy's global generator, seeded at its import, would give every worker the server's
+    numbers (Python's random module reseeds itself at a fork)."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
 def _exit_code(exit: SystemExit) -> int:
     """The exit code Python gives sys.exit(code)."""
     if exit.code is None:
@@ -251,8 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     # so touch, and copy, every page of it).
     gc.freeze()
     settle()
-    _send(connection, pb.ServerMessage(ready=pb.Ready(pid=os.getpid())))
-    serve(connection)
+    try:
+        _send(connection, pb.ServerMessage(ready=pb.Ready(pid=os.getpid())))
+        serve(connection)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the agent hung up while a worker's exit was being reported
     return 0
 
 

@@ -107,6 +107,18 @@ def test_a_worker_ends_as_an_interpreter_does(server, tmp_path):
     assert out.split("\n")[:2] == ["thread done", "exit handler"]
 
 
+def test_each_worker_draws_its_own_random_numbers(tmp_path):
+    server = preloaded.ForkServer(worker_env({}), preload=["numpy.random", "random"])
+    try:
+        numpy_draw = script(tmp_path, "n.py", "import numpy; print(numpy.random.randint(1 << 30))")
+        python_draw = script(tmp_path, "p.py", "import random; print(random.random())")
+        draws = [{run(server, [sys.executable, path])[1] for _ in range(2)}
+                 for path in (numpy_draw, python_draw)]
+    finally:
+        server.close()
+    assert [len(d) for d in draws] == [2, 2], draws
+
+
 def test_a_signal_s_death_is_reported_as_minus_the_signal(server, tmp_path):
     path = script(tmp_path, "w.py", "import time; print('up', flush=True); time.sleep(60)")
     proc, out, err, _ = preloaded.start([sys.executable, "-u", path], worker_env({}), [], server)
