@@ -35,6 +35,8 @@ MUTEX_BYTES = 64  # pthread_mutex_t is 40 bytes on x86-64 and 48 on aarch64 glib
 STATE_OFFSET = MUTEX_BYTES
 NOT_HELD, HELD, RELEASED = 0, 1, 2
 SHARED_BYTES = MUTEX_BYTES + 8
+# The memfd's name; a descriptor the worker inherits is taken for a notice only under it.
+NOTICE_NAME = "tfe-death-notice"
 # How often a watcher looks whether its worker holds the mutex yet.
 HELD_POLL_S = 0.05
 # The kernel's flag of a task that is exiting (include/linux/sched.h), field 9 of /proc/PID/stat.
@@ -88,7 +90,7 @@ class DeathNotice:
     ``env`` go to it), watched once it runs."""
 
     def __init__(self, libc: ctypes.CDLL):
-        self.fd = os.memfd_create("tfe-death-notice", os.MFD_CLOEXEC)
+        self.fd = os.memfd_create(NOTICE_NAME, os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, SHARED_BYTES)
             self._shared = _Shared(self.fd, libc)
@@ -123,7 +125,7 @@ class DeathNotice:
         mutex; nothing when it released the mutex first, never held it (``running`` turned
         False: a worker that does not use the notice) or exec'd another program."""
         threading.Thread(target=self._wait, args=(pid, running, on_death), daemon=True,
-                         name="tfe-death-notice").start()
+                         name=NOTICE_NAME).start()
 
     def _wait(self, pid: int, running: Callable[[], bool], on_death: Callable[[], None]) -> None:
         shared, libc = self._shared, self._shared.libc
@@ -152,8 +154,10 @@ class Holder:
     holds it (the main thread: it lives as long as the process)."""
 
     def __init__(self, fd: int, libc: ctypes.CDLL):
-        self._shared = _Shared(fd, libc)
-        os.close(fd)
+        try:
+            self._shared = _Shared(fd, libc)
+        finally:
+            os.close(fd)
         self._holder_pid: int | None = None
 
     def hold(self) -> None:
@@ -187,6 +191,12 @@ def holder_from_env(value: str | None) -> Holder | None:
     if libc is None:
         return None
     try:
-        return Holder(int(value), libc)
+        fd = int(value)
+        # A program that started another one without passing its descriptors on left the
+        # variable, not the notice: that number may now be any file of the new program's.
+        if (not os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{NOTICE_NAME}")
+                or os.fstat(fd).st_size < SHARED_BYTES):
+            return None
+        return Holder(fd, libc)
     except (OSError, ValueError):  # not a descriptor of a notice: the notice stays off
         return None

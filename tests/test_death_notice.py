@@ -110,3 +110,18 @@ def test_no_usable_descriptor_no_holder():
     unused = os.open(os.devnull, os.O_RDONLY)
     os.close(unused)
     assert holder_from_env(str(unused)) is None  # closed: no notice, no error
+
+
+def test_an_inherited_number_that_names_another_file_is_left_alone(tmp_path):
+    # A wrapper started the script with subprocess (descriptors closed), the variable survived,
+    # and the number now names one of the program's own files.
+    from tensorflow_elastic.death_notice import SHARED_BYTES, holder_from_env
+    path = tmp_path / "data.bin"
+    path.write_bytes(b"x" * (4 * SHARED_BYTES))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        assert holder_from_env(str(fd)) is None
+        os.fstat(fd)  # still open: the program's file was not closed
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"x" * (4 * SHARED_BYTES)  # nor written

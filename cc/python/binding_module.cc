@@ -6,6 +6,8 @@
 // own: the binding must reach the snapshots the op's kernel registered, and
 // TensorFlow loads the library with RTLD_LOCAL, so a separate module would
 // have to find _ops.so again (link to it by path, or dlopen and dlsym it).
+// TensorFlow's collective abort and peer probe are bound here too, to run
+// without the interpreter lock (see collective_server.h).
 // Python loads this module from the library's file after TensorFlow has
 // loaded it (tensorflow_elastic/ops/variable_snapshot.py): the dynamic loader
 // hands back the library already loaded, with its snapshot registry.
@@ -152,6 +154,26 @@ void DefineModule(py::module_& m) {
       },
       py::arg("context_handle"), py::arg("server_def"),
       "Moves the running server to a serialized ServerDef; functions stay instantiated.");
+  m.def(
+      "abort_collectives",
+      [](const py::capsule& context_handle, const std::string& reason) {
+        TFE_Context* context = EagerContext(context_handle);
+        py::gil_scoped_release release;
+        CheckServer(AbortCollectives(context, absl::UnavailableError(reason)));
+      },
+      py::arg("context_handle"), py::arg("reason"),
+      "Ends every pending collective with UnavailableError(reason), without holding the "
+      "interpreter lock.");
+  m.def(
+      "check_peer_health",
+      [](const py::capsule& context_handle, const std::string& task, int64_t timeout_ms) {
+        TFE_Context* context = EagerContext(context_handle);
+        py::gil_scoped_release release;
+        CheckServer(CheckPeerHealth(context, task, timeout_ms));
+      },
+      py::arg("context_handle"), py::arg("task"), py::arg("timeout_ms"),
+      "Returns when `task`'s server answers; raises RuntimeError when it does not within "
+      "`timeout_ms`. Other Python threads run meanwhile.");
 }
 
 }  // namespace

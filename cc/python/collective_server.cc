@@ -416,6 +416,39 @@ absl::Status Server(TFE_Context* context, tensorflow::EagerContext** eager,
 
 }  // namespace
 
+absl::Status AbortCollectives(TFE_Context* context, const absl::Status& reason) {
+  if (context == nullptr) return absl::InvalidArgumentError("no eager context");
+  tensorflow::ContextFromInterface(tensorflow::unwrap(context))
+      ->GetCollectiveExecutorHandle()
+      ->get()
+      ->StartAbort(reason);
+  return absl::OkStatus();
+}
+
+absl::Status CheckPeerHealth(TFE_Context* context, const std::string& task, int64_t timeout_ms) {
+  if (context == nullptr) return absl::InvalidArgumentError("no eager context");
+  std::unique_ptr<CollectiveExecutor::Handle> handle =
+      tensorflow::ContextFromInterface(tensorflow::unwrap(context))->GetCollectiveExecutorHandle();
+  tensorflow::CollectiveRemoteAccess* remote = handle->get()->remote_access();
+  if (remote == nullptr) {
+    return absl::FailedPreconditionError(
+        "TensorFlow's server is not running: no peer can be probed");
+  }
+  std::mutex mu;
+  std::condition_variable answered;
+  bool done = false;
+  absl::Status result;
+  remote->CheckPeerHealth(task, timeout_ms, [&](const absl::Status& status) {
+    std::lock_guard<std::mutex> lock(mu);
+    result = status;
+    done = true;
+    answered.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  answered.wait(lock, [&] { return done; });
+  return result;
+}
+
 absl::Status ForwardCollectives(TFE_Context* context) {
   tensorflow::EagerContext* eager;
   tensorflow::ServerInterface* server;

@@ -15,6 +15,7 @@
 #ifndef TENSORFLOW_ELASTIC_CC_PYTHON_COLLECTIVE_SERVER_H_
 #define TENSORFLOW_ELASTIC_CC_PYTHON_COLLECTIVE_SERVER_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -30,6 +31,21 @@ absl::Status ForwardCollectives(TFE_Context* context);
 // points the forwarding manager at the server's new collective executors.
 absl::Status UpdateCollectiveServer(TFE_Context* context,
                                     const std::string& serialized_server_def);
+
+// TensorFlow's own TFE_AbortCollectiveOps and TFE_CollectiveOpsCheckPeerHealth
+// are bound to Python with the interpreter lock held, so a probe of a silent
+// peer (up to its timeout) stalled every Python thread of the worker: its
+// heartbeats too. These do the same work; the binding calls them without the
+// lock.
+
+// Aborts every collective of `context` (pending and future ones, until the
+// next update) with `reason`.
+absl::Status AbortCollectives(TFE_Context* context, const absl::Status& reason);
+
+// OK when `task`'s server answers within `timeout_ms` (above 0: TensorFlow takes
+// 0 for no bound); else why not. Call it from the thread that updates the
+// server: the probe uses the executors of the server's current membership.
+absl::Status CheckPeerHealth(TFE_Context* context, const std::string& task, int64_t timeout_ms);
 
 }  // namespace tensorflow_elastic
 

@@ -573,9 +573,13 @@ class MembershipSession:
                     self._fail(update.reason)
                     return
                 if self._has_ended(update.membership.generation, update.state):
-                    self._note_generation_ended(update.reason or "membership changed",
-                                                _live_from(update.membership.generation,
-                                                           update.state))
+                    try:
+                        self._note_generation_ended(update.reason or "membership changed",
+                                                    _live_from(update.membership.generation,
+                                                               update.state))
+                    except Exception:  # noqa: BLE001 - a bug here must not end the watch
+                        logger.exception("the change to generation %d was not acted on; "
+                                         "watching on", update.membership.generation)
         except Exception as e:  # noqa: BLE001 - the heartbeat thread still watches
             logger.warning("membership watch ended: %s", e)
 

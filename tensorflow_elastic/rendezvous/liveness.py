@@ -180,6 +180,10 @@ class WatchLoss:
         if self._lost_at:
             self._lost_at.pop(node_id, None)
 
+    def forget(self, node_id: int) -> None:
+        """The node left the run: its lost watch is no longer due."""
+        self._lost_at.pop(node_id, None)
+
     def closed(self, node_id: int, now: float, member: bool) -> bool:
         """Counts a stream that ended; returns True when it starts a member's grace."""
         self._open[node_id] -= 1
@@ -203,5 +207,6 @@ class WatchLoss:
         return gone
 
     def deadlines(self) -> list[float]:
-        """When each lost member's grace ends."""
+        """When each lost member's grace ends (the timer acts on them only while the run is
+        active: see :meth:`overdue`)."""
         return [lost_at + self._grace for lost_at in self._lost_at.values()]

@@ -224,6 +224,7 @@ class Run:
                 removal = ""
             node = taken_back or refusals.known_node(state, node_id)
             refusals.check_same_address(node, address)
+            self._watch_loss.heard(node_id)  # its join holds it alive from here on
             step = state.join_step(node_id, last_generation)
             if step is JoinStep.GROW:
                 self._form(state.next_members(),
@@ -541,6 +542,7 @@ class Run:
         """A node that left the run: its liveness and the interval it was asked go."""
         self._liveness.forget(node_id)
         self._intervals.forget(node_id)
+        self._watch_loss.forget(node_id)
 
     def _stop_holding(self, node_id: int) -> None:
         self._liveness.release(node_id, self._clock.now())
@@ -735,7 +737,8 @@ class Run:
                 due.append(self._grace_until)
             elif oldest is not None:
                 due.append(oldest[1] + self.heartbeat_timeout())
-            due += self._watch_loss.deadlines()
+            if self._state.phase == Phase.ACTIVE:
+                due += self._watch_loss.deadlines()
             due = [clock.to_monotonic(t) for t in due]
             due += [t for t in (self._last_call_at, self._state.below_min_at) if t is not None]
             self._timer_wake.clear()

@@ -37,6 +37,8 @@ class Wake:
             return await waiter
         finally:
             timer.cancel()
+            if not waiter.done():  # the waiting coroutine was closed, not woken or cancelled
+                waiter.cancel()
             if waiter.cancelled() or not waiter.result():
                 self._forget_stale()
 

@@ -113,11 +113,32 @@ def update(members: Mapping[int, str], node_id: int) -> None:
                                                        local_devices_config()).SerializeToString())
 
 
-def abort_collectives(reason: str) -> None:
-    """Unblocks every collective waiting on a peer that is gone; the next update() recovers."""
-    from tensorflow.python.framework import errors
+def _context_handle() -> object | None:
+    """The eager context's handle; None before TensorFlow initialized it (no collective can
+    have started)."""
+    return private(context.context(), "_context_handle")
 
-    context.context().abort_collective_ops(errors.UNAVAILABLE, reason)
+
+def abort_collectives(reason: str) -> None:
+    """Unblocks every collective waiting on a peer that is gone; the next update() recovers.
+
+    Without holding the interpreter lock (TensorFlow's own binding holds it)."""
+    handle = _context_handle()
+    if handle is not None:
+        load_binding().abort_collectives(handle, reason)
+
+
+def check_peer(peer: int, timeout_ms: int) -> None:
+    """Returns when the peer's TensorFlow server answers; raises when it does not within
+    ``timeout_ms``. The other Python threads (heartbeats) run meanwhile, which TensorFlow's
+    own binding of the probe does not let them. Call it from the thread that updates the
+    server (the probe uses the server's current executors)."""
+    if timeout_ms <= 0:
+        raise ValueError(f"timeout_ms={timeout_ms}: a probe needs a bound above 0")
+    handle = _context_handle()
+    if handle is None:
+        raise RuntimeError("TensorFlow's server is not running: no peer can be probed")
+    load_binding().check_peer_health(handle, task_device(peer), timeout_ms)
 
 
 def unreachable_peers(members: Mapping[int, str], node_id: int,
@@ -130,8 +151,7 @@ def unreachable_peers(members: Mapping[int, str], node_id: int,
 
     def unreachable(peer: int) -> bool:
         try:
-            context.context().check_collective_ops_peer_health(task_device(peer),
-                                                               timeout_in_ms=timeout_ms)
+            check_peer(peer, timeout_ms)
         except Exception:  # noqa: BLE001 - any failure to answer means unreachable
             return True
         return False

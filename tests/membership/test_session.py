@@ -13,7 +13,7 @@ from tensorflow_elastic.rendezvous.errors import (NODE_REMOVED_MAY_RETURN,
 from tensorflow_elastic.membership.phase import WorkerPhase
 from tensorflow_elastic.membership.session import PEER_CHECK_AFTER_S, MembershipSession
 from tensorflow_elastic.rendezvous.settings import RunSettings
-from tensorflow_elastic.rendezvous.types import HeartbeatInfo, NodeBounds, Phase
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, MembershipUpdate, NodeBounds, Phase
 
 
 class _UnusedClient:
@@ -306,3 +306,21 @@ def test_the_peer_check_waits_as_long_as_the_environment_says(monkeypatch):
     monkeypatch.setenv("TFE_PEER_CHECK_AFTER", "0")
     with pytest.raises(ValueError, match="TFE_PEER_CHECK_AFTER"):
         session()
+
+
+def test_a_failure_to_act_on_a_generation_s_end_leaves_the_watch_running(caplog):
+    session = _member_of_generation_7()
+    lost = []
+
+    def peers_lost(reason, live_from):
+        lost.append(live_from)
+        if len(lost) == 1:
+            raise RuntimeError("a bug in the abort")
+
+    session._on_peers_lost = peers_lost
+    updates = [MembershipUpdate(Membership(None, generation, {0: "a"}, 0), Phase.ACTIVE, 0, "")
+               for generation in (8, 9)]
+    session.client.watch = lambda: iter(updates)
+    session._watch()
+    assert lost == [8, 9]  # the second end still aborted what was left
+    assert "a bug in the abort" in caplog.text

@@ -173,6 +173,28 @@ def test_an_idle_run_wakes_no_timer():
     assert asyncio.run(main()) <= 1
 
 
+def test_a_broken_watch_of_a_member_removed_below_min_wakes_no_timer():
+    async def main() -> int:
+        settings = RunSettings(heartbeat_timeout=60, watch_loss_grace=0.3)
+        run = Run(RunState.new("job", 2, 2, settings), settings, MemoryStore(), EventLog(None),
+                  Metrics())
+        run.start()
+        a, b = [m.node_id for m in await asyncio.gather(
+            *(run.join(f"127.0.0.1:{2000 + i}", None, 0, f"n{i}", 10) for i in range(2)))]
+        watch = run.watch(b)
+        await watch.__anext__()
+        await watch.aclose()  # b's process died: its watch broke
+        await run.report_failure(b, run.generation, [b], "killed")  # below min: forming
+        wakes = []
+        run._on_timers = lambda *now: wakes.append(now)  # noqa: SLF001 - counts the rounds
+        run._timer_wake.set()  # noqa: SLF001
+        await asyncio.sleep(1.0)
+        await run.close()
+        return len(wakes)
+
+    assert asyncio.run(main()) <= 2  # not one round a millisecond until the run re-forms
+
+
 def test_a_status_reply_too_large_is_cut_to_fit_with_a_note():
     nodes = [pb.NodeStatus(node_id=i, address="h" * 250 + ":2222", role="waiting")
              for i in range(20_000)]

@@ -43,3 +43,18 @@ def test_waits_that_time_out_or_are_cancelled_are_not_kept_without_end():
     kept, staying = asyncio.run(scenario())
     assert kept <= 2
     assert staying is True
+
+
+def test_a_closed_waiting_call_leaves_the_wake_usable():
+    # A pending join destroyed with its loop is closed, not cancelled: its wait must end quietly.
+    async def scenario():
+        wake = Wake()
+        waiting = wake.wait(60.0)
+        waiting.send(None)  # it now awaits its future
+        waiting.close()
+        woken = asyncio.ensure_future(wake.wait(60.0))
+        await asyncio.sleep(0)
+        wake.wake()
+        return await woken
+
+    assert asyncio.run(scenario()) is True

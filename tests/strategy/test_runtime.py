@@ -105,7 +105,7 @@ def test_init_has_tensorflow_pool_cpu_tensors_before_its_first_op(monkeypatch):
 
 
 class _SlowProbes:
-    """A stand-in TensorFlow context: every probe takes a while, some peers never answer."""
+    """A stand-in probe: every probe takes a while, some peers never answer."""
 
     def __init__(self, dead: set[int]):
         self.dead = dead
@@ -113,20 +113,20 @@ class _SlowProbes:
         self.most_at_once = 0
         self._lock = threading.Lock()
 
-    def check_collective_ops_peer_health(self, task: str, timeout_in_ms: int) -> None:
+    def check_peer(self, peer: int, timeout_ms: int) -> None:
         with self._lock:
             self.active += 1
             self.most_at_once = max(self.most_at_once, self.active)
         time.sleep(0.2)
         with self._lock:
             self.active -= 1
-        if int(task.rsplit(":", 1)[1]) in self.dead:
+        if peer in self.dead:
             raise RuntimeError("deadline exceeded")
 
 
 def test_peers_are_probed_at_once_and_only_the_silent_ones_are_reported(monkeypatch):
     probes = _SlowProbes(dead={2, 5})
-    monkeypatch.setattr(cluster.context, "context", lambda: probes)
+    monkeypatch.setattr(cluster, "check_peer", probes.check_peer)
     members = {n: f"127.0.0.1:{2000 + n}" for n in (1, 2, 3, 5)}
     assert cluster.unreachable_peers(members, node_id=1) == [2, 5]
     assert probes.most_at_once == 3  # one timeout for all, not one per peer
