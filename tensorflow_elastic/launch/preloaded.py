@@ -156,7 +156,10 @@ class ForkServer:
 
     def close(self) -> None:
         """Hangs up: the server ends (its workers run on; the agent stops them itself)."""
-        self._connection.shutdown(socket.SHUT_RDWR)
+        try:
+            self._connection.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # it is gone already
         try:
             self.process.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
