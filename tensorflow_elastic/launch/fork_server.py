@@ -195,7 +195,11 @@ def _place_descriptors(received: list[int], targets: list[int]) -> None:
 def _reopen_standard_streams(unbuffered: bool) -> None:
     """sys.stdin/stdout/stderr over the worker's descriptors 0-2, buffered as a new
     interpreter's would be (with -u: unbuffered)."""
-    stdin = open(0, "r", closefd=False, encoding=sys.stdin.encoding, errors=sys.stdin.errors)
+    try:
+        stdin = open(0, "r", closefd=False, encoding=getattr(sys.stdin, "encoding", None),
+                     errors=getattr(sys.stdin, "errors", None))
+    except OSError:  # no descriptor 0: as in an interpreter started without one
+        stdin = None
     sys.stdin = sys.__stdin__ = stdin
     for fd, name in ((1, "stdout"), (2, "stderr")):
         old = getattr(sys, name)
