@@ -183,3 +183,22 @@ def test_nodes_joined_in_one_call_are_held_until_their_reply_is_sent_then_their_
     while_sending, within_bound, after = asyncio.run(scenario())
     assert while_sending == [0, 1] and within_bound == [0, 1]
     assert after == []  # node 0 removed: the run fell below min_nodes
+
+
+def test_a_batch_counts_once_as_join_many_and_each_of_its_joins_as_a_join():
+    metrics = Metrics()
+
+    async def scenario() -> None:
+        service = RendezvousService(RunSettings(), MemoryStore(), EventLog(None), metrics)
+        await service.load()
+        bad = _entry(23461, nodes=1)
+        bad.address = "no-port"
+        await service.JoinMany(pb.JoinManyRequest(joins=[_entry(23460, nodes=1), bad]),
+                               _Context())
+        await service.close()
+
+    asyncio.run(scenario())
+    count = metrics.registry.get_sample_value
+    assert count("tfelastic_rpcs_total", {"method": "JoinMany", "code": "OK"}) == 1
+    assert count("tfelastic_rpcs_total", {"method": "Join", "code": "OK"}) == 1
+    assert count("tfelastic_rpcs_total", {"method": "Join", "code": "INVALID_ARGUMENT"}) == 1
