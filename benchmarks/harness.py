@@ -204,16 +204,44 @@ class Process:
     """A child process whose JSON stdout lines are collected in their arrival order (its other
     lines go to `lines`); its stderr goes to a temporary file, or with `quiet=False` to ours."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], quiet: bool = True):
+    def __init__(self, argv: list[str], env: dict[str, str], quiet: bool = True,
+                 fork_server=None):
         self._stderr = tempfile.TemporaryFile(mode="w+") if quiet else None
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, text=True, env=env, cwd=REPO)
+        if fork_server is None:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._stderr, text=True, env=env, cwd=REPO)
+            self._stdin, self._stdout = self.proc.stdin, self.proc.stdout
+        else:
+            self._fork(fork_server, argv, env)
         self.records: list[dict] = []
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
+    def _fork(self, fork_server, argv: list[str], env: dict[str, str]) -> None:
+        """Forked from `fork_server` (a launch.preloaded.ForkServer), its stdin and stdout on
+        pipes as a subprocess's would be."""
+        from tensorflow_elastic.launch.preloaded import python_program
+        program = python_program(argv)
+        if program is None:
+            raise ValueError(f"not a Python command a fork server runs: {argv}")
+        in_read, in_write = os.pipe()
+        out_read, out_write = os.pipe()
+        try:
+            self.proc = fork_server.spawn(program, env, REPO, {
+                0: in_read, 1: out_write,
+                2: self._stderr.fileno() if self._stderr is not None else 2})
+        except BaseException:
+            os.close(in_write)
+            os.close(out_read)
+            raise
+        finally:
+            os.close(in_read)
+            os.close(out_write)
+        self._stdin = open(in_write, "w")
+        self._stdout = open(out_read)
+
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self._stdout:
             self.lines.put(line)
             if line.startswith("{"):
                 self.records.append(json.loads(line))
@@ -242,8 +270,8 @@ class Process:
         return "".join(self._stderr.readlines()[-lines:])
 
     def send(self, line: str) -> None:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
+        self._stdin.write(line + "\n")
+        self._stdin.flush()
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.proc.pid)
@@ -290,8 +318,31 @@ class Orchestrator(Process):
 class LauncherProcess(Process):
     """tfelastic-run: the workers' JSON lines arrive prefixed with "[node N] "."""
 
+    def _fork(self, fork_server, argv: list[str], env: dict[str, str]) -> None:
+        """Forked from `fork_server` (a launch.preloaded.ForkServer), its stdin and stdout on
+        pipes as a subprocess's would be."""
+        from tensorflow_elastic.launch.preloaded import python_program
+        program = python_program(argv)
+        if program is None:
+            raise ValueError(f"not a Python command a fork server runs: {argv}")
+        in_read, in_write = os.pipe()
+        out_read, out_write = os.pipe()
+        try:
+            self.proc = fork_server.spawn(program, env, REPO, {
+                0: in_read, 1: out_write,
+                2: self._stderr.fileno() if self._stderr is not None else 2})
+        except BaseException:
+            os.close(in_write)
+            os.close(out_read)
+            raise
+        finally:
+            os.close(in_read)
+            os.close(out_write)
+        self._stdin = open(in_write, "w")
+        self._stdout = open(out_read)
+
     def _read(self) -> None:
-        for line in self.proc.stdout:
+        for line in self._stdout:
             _, _, rest = line.partition("] ")
             if line.startswith("[") and rest.startswith("{"):
                 self.records.append(json.loads(rest))

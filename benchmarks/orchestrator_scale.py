@@ -25,6 +25,8 @@ are deltas) and heartbeats. Measured:
   timeout); ``detected_by`` is the orchestrator's reason. Both ends are read
   on this script's monotonic clock, so the figure cannot be negative; it
   includes a pipe message or two (well under a millisecond) on top.
+  ``reform_first_seen_s``: to the moment the first survivor's Watch showed it (the
+  detection and the decision; the rest is the update's way to every watch).
 
 The simulated nodes read only the head of their join replies (their ids, the map's name and
 the interval asked for): a real node parses one member map on its own host, 10,000 of them
@@ -32,6 +34,10 @@ parsed here would take the machine from the orchestrator. With ``--soak_minutes`
 node removed after its own client left a gap longer than the run's timeout between two of
 its beats counts as ``removed_while_client_late``, not as a false removal: the clients'
 lateness says nothing of the orchestrator.
+
+With ``--joins launcher`` the nodes of each launcher (``--nodes_per_stream``) join in one
+JoinMany call, as restart mode's agent joins the nodes of its workers (the workers of an
+in-process elastic job join from their own processes, one Join each: the default).
 
 With ``--store etcd`` the same figures come for one orchestrator with a
 state directory and for two replicas on a local etcd (the leader measured),
@@ -42,6 +48,7 @@ The last line printed is the JSON result.
 
     python benchmarks/orchestrator_scale.py --nodes 1000
     python benchmarks/orchestrator_scale.py --nodes 1000 --store etcd
+    python benchmarks/orchestrator_scale.py --nodes 10000 --nodes_per_stream 8 --joins launcher
 """
 
 from __future__ import annotations
@@ -71,10 +78,11 @@ RUN_ID = "bench"
 WATCHES_OPENED_PER_S = 500
 
 
-def _join_head_class() -> type:
-    """A message that reads a JoinResponse's node id, interval and map name, and skips its
-    member map: a real node parses one map on its own host, while 10,000 maps of 10,000
-    members parsed here (4 ms each) would take this machine's cores from the orchestrator."""
+def _join_head_classes() -> tuple[type, type]:
+    """Messages that read a JoinResponse's node id, interval and map name, and skip its
+    member map (and a JoinManyResponse made of such replies): a real node parses one map on its
+    own host, while 10,000 maps of 10,000 members parsed here (4 ms each) would take this
+    machine's cores from the orchestrator."""
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
     field = descriptor_pb2.FieldDescriptorProto
@@ -89,15 +97,27 @@ def _join_head_class() -> type:
                    type_name=".bench.MapName", label=field.LABEL_OPTIONAL)
     head.field.add(name="heartbeat_interval_s", number=4, type=field.TYPE_DOUBLE,
                    label=field.LABEL_OPTIONAL)
+    answer = file.message_type.add(name="AnswerHead")  # JoinAnswer's fields 1-3
+    answer.field.add(name="reply", number=1, type=field.TYPE_MESSAGE,
+                     type_name=".bench.JoinHead", label=field.LABEL_OPTIONAL)
+    answer.field.add(name="code", number=2, type=field.TYPE_INT32, label=field.LABEL_OPTIONAL)
+    answer.field.add(name="message", number=3, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    many = file.message_type.add(name="JoinManyHead")  # JoinManyResponse
+    many.field.add(name="answers", number=1, type=field.TYPE_MESSAGE,
+                   type_name=".bench.AnswerHead", label=field.LABEL_REPEATED)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("bench.JoinHead"))
+    return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"bench.{name}"))
+                 for name in ("JoinHead", "JoinManyHead"))
 
 
 async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
                     timeout: float, liveness: str, per_stream: int, watches: str, processes: int,
-                    map_per_launcher: bool) -> None:
+                    map_per_launcher: bool, joins_per_call: bool) -> None:
     """One client process: its nodes, driven by commands from the parent over ``conn``.
+
+    ``joins_per_call``: the nodes of one launcher (``per_stream`` nodes) join in one JoinMany
+    call, as restart mode's agent joins its workers' nodes; otherwise each node calls Join.
 
     ``watches`` "node": every node holds a Watch stream (as elastic workers do); "launcher":
     only the first node of each stream does (a launcher's view; its agent reports deaths).
@@ -123,9 +143,13 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
     channel = grpc.aio.insecure_channel(endpoint, options=options)
     stub = pb_grpc.RendezvousStub(channel)
+    join_head, join_many_head = _join_head_classes()
     join_call = channel.unary_unary("/tensorflow_elastic.Rendezvous/Join",
                                     request_serializer=pb.JoinRequest.SerializeToString,
-                                    response_deserializer=_join_head_class().FromString)
+                                    response_deserializer=join_head.FromString)
+    join_many_call = channel.unary_unary("/tensorflow_elastic.Rendezvous/JoinMany",
+                                         request_serializer=pb.JoinManyRequest.SerializeToString,
+                                         response_deserializer=join_many_head.FromString)
     await channel.channel_ready()
     # Beats on a connection of their own, as Client's KeepAlive stream: memberships sent to
     # thousands of watches must not hold them up in one connection's flow control.
@@ -139,23 +163,47 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         ``omit_members`` asks for the map's name alone (another node of its launcher fetches
         the map)."""
         sent = time.time()
+        r = await call_retried(join_call, join_request(i, omit_members))
+        return took(r), sent, time.time()
+
+    def join_request(i: int, omit_members: bool) -> pb.JoinRequest:
+        return pb.JoinRequest(
+            run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
+            min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}", timeout_s=600,
+            known_map=latest_map(), omit_members=omit_members)
+
+    async def call_retried(call, request):
         while True:
             try:
-                r = await join_call(pb.JoinRequest(
-                    run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
-                    min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}",
-                    timeout_s=600, known_map=latest_map(), omit_members=omit_members),
-                    timeout=610)
-                maps[r.node_id] = pb.KnownMap(generation=r.membership.generation,
-                                              digest=r.membership.digest)
-                # As Client: the orchestrator of a large run asks for slower beats.
-                beat_every["s"] = max(interval, r.heartbeat_interval_s)
-                return r.node_id, sent, time.time()
+                return await call(request, timeout=610)
             except grpc.aio.AioRpcError as e:
                 if e.code() not in shed:
                     raise
                 join_retries.append(e.code().name)
                 await asyncio.sleep(random.uniform(0.0, 0.5))
+
+    def took(r) -> int:
+        """A join reply read: the map the node now holds, the interval asked for."""
+        maps[r.node_id] = pb.KnownMap(generation=r.membership.generation,
+                                      digest=r.membership.digest)
+        # As Client: the orchestrator of a large run asks for slower beats.
+        beat_every["s"] = max(interval, r.heartbeat_interval_s)
+        return r.node_id
+
+    async def join_in_one_call(group: list[int]):
+        """The nodes of one launcher in one JoinMany call: its first node gets the whole map
+        (with ``--maps launcher``; else every node), the others its name."""
+        sent = time.time()
+        r = await call_retried(join_many_call, pb.JoinManyRequest(joins=[
+            join_request(i, omit_members=map_per_launcher and k > 0)
+            for k, i in enumerate(group)]))
+        answered = time.time()
+        refused = [a.message for a in r.answers if not a.HasField("reply")]
+        if refused:
+            raise RuntimeError(f"{len(refused)} joins of a launcher refused: {refused[0]}")
+        joined = [(took(a.reply), sent, answered) for a in r.answers]
+        start([node_id for node_id, _, _ in joined])
+        return joined
 
     def latest_map() -> pb.KnownMap | None:
         return max(maps.values(), key=lambda m: m.generation, default=None)
@@ -164,6 +212,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         """The nodes of one launcher join together, as an agent's workers: the first one gets
         the whole map, the others its name alone, and they beat as soon as they know their
         ids (``--maps launcher``); otherwise every node gets the whole map."""
+        if joins_per_call:
+            return await join_in_one_call(group)
         if not map_per_launcher or latest_map() is not None:
             joined = await asyncio.gather(*(join(i) for i in group))
             start([node_id for node_id, _, _ in joined])
@@ -204,6 +254,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
     # nothing of the orchestrator.
     send_gap: dict[int, float] = {}
     seen: dict[int, str] = {}
+    seen_at: dict[str, float] = {}  # when this process's first watch saw the next generation
     all_seen = asyncio.Event()
     generation = {"now": 1}
     watch_errors: list[str] = []
@@ -322,6 +373,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
                     maps[node_id] = pb.KnownMap(generation=update.membership.generation,
                                                 digest=update.membership.digest)
                     if update.membership.generation > generation["now"]:
+                        seen_at.setdefault("first", time.monotonic())
                         seen[node_id] = update.reason
                         if len(seen) >= len(watch_tasks) - watches_killed["n"]:
                             all_seen.set()
@@ -391,7 +443,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         elif cmd == "wait_reform":
             try:
                 await asyncio.wait_for(all_seen.wait(), 120)
-                conn.send((sorted(set(seen.values())), watch_errors))
+                conn.send((sorted(set(seen.values())), watch_errors, seen_at["first"]))
             except asyncio.TimeoutError:
                 conn.send(f"{len(seen)} of {len(watch_tasks.keys() - killed)} watches saw it")
         elif isinstance(cmd, tuple) and cmd[0] == "replace":
@@ -423,9 +475,9 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
 
 def _client_process(conn, endpoint: str, indices: list[int], nodes: int, interval: float,
                     timeout: float, liveness: str, per_stream: int, watches: str, processes: int,
-                    map_per_launcher: bool) -> None:
+                    map_per_launcher: bool, joins_per_call: bool) -> None:
     asyncio.run(_simulate(conn, endpoint, indices, nodes, interval, timeout, liveness, per_stream,
-                          watches, processes, map_per_launcher))
+                          watches, processes, map_per_launcher, joins_per_call))
 
 
 def _start_orchestrator(args: argparse.Namespace, *flags: str) -> Orchestrator:
@@ -480,6 +532,11 @@ def main(argv: list[str] | None = None) -> int:
                              "name, and they beat at once), as Client shares a map among the "
                              "nodes of its process; node: every join gets the whole map, as "
                              "before (default: %(default)s)")
+    parser.add_argument("--joins", choices=("node", "launcher"), default="node",
+                        help="node: every node joins with a Join call of its own, as the workers "
+                             "of an in-process elastic job do; launcher: the nodes of one "
+                             "--nodes_per_stream group join in one JoinMany call, as restart "
+                             "mode's agent joins its workers' nodes (default: %(default)s)")
     parser.add_argument("--soak_minutes", type=int, default=0,
                         help="after the measurement, replace --replace_percent of the nodes "
                              "every minute for this long; report false removals and the "
@@ -557,7 +614,8 @@ def _scale(args: argparse.Namespace, endpoint: str,
             worker = ctx.Process(target=_client_process, args=(
                 child, endpoint, indices, args.nodes, args.heartbeat_interval,
                 args.heartbeat_timeout, args.liveness,
-                args.nodes_per_stream, args.watches, processes, args.maps == "launcher"),
+                args.nodes_per_stream, args.watches, processes, args.maps == "launcher",
+                args.joins == "launcher"),
                 daemon=True)
             worker.start()
             conns.append(parent)
@@ -615,8 +673,11 @@ def _scale(args: argparse.Namespace, endpoint: str,
         if any(isinstance(r, str) for r in reformed):
             raise RuntimeError(f"survivors did not all see the next generation within 120 s: "
                                f"{[r for r in reformed if isinstance(r, str)]}")
-        detected_by = sorted({reason for reasons, _ in reformed for reason in reasons})
-        errors = [e for _, errs in reformed for e in errs]
+        detected_by = sorted({reason for reasons, _, _ in reformed for reason in reasons})
+        errors = [e for _, errs, _ in reformed for e in errs]
+        # The first watch to see the next generation: the orchestrator's detection and decision;
+        # the rest of reform_after_kill_s is the update's way to 9,999 watches.
+        first_seen_s = min(first for _, _, first in reformed) - killed_at
         if errors:
             print(f"{len(errors)} watch streams broke and were opened again: "
                   f"{sorted(set(errors))[:3]}", flush=True)
@@ -631,7 +692,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
                 w.kill()
     result = {"nodes": args.nodes, "liveness": args.liveness,
               "nodes_per_stream": args.nodes_per_stream if args.liveness == "stream" else None,
-              "watches": args.watches, "maps": args.maps,
+              "watches": args.watches, "maps": args.maps, "joins": args.joins,
               "processes": processes, "rendezvous_s": round(rendezvous_s, 4),
               "formation": formation,
               "join_retries": join_retries,
@@ -643,6 +704,7 @@ def _scale(args: argparse.Namespace, endpoint: str,
               "beat_sent_late_max_ms": round(max(lateness), 3),
               "whole_run_worst_s": [{k: round(v, 3) for k, v in r[7].items()} for r in replies],
               "reform_after_kill_s": round(reform_s, 4),
+              "reform_first_seen_s": round(first_seen_s, 4),
               "detected_by": detected_by}
     if soak is not None:
         result["soak"] = soak

@@ -30,11 +30,13 @@ runs. For each repeat it runs, with --workers local worker processes on 127.0.0.
   replacement ahead): it imports, builds, warms up and builds its receiving side while the
   members train, then holds before it asks to join;
   the growth starts when it is let go, and its figure is from then to its first contributing
-  step (the members' pause, too, counts from then);
+  step (the members' pause, too, counts from then); with --fork_server the newcomer is forked
+  from a fork server (launch/fork_server.py, started once at the benchmark's start, as a
+  launcher's is) that imported TensorFlow and the package: its start is the fork request;
 * leave: SIGTERM to one worker; the longest step gap on the survivors.
 
 Prints progress, then a table, and as its last line the JSON summary:
-{"model", "state_mb", "overhead_ratio", "overhead_cpu_ratio", "rss_ratio", "commit_ms_median",
+{"model", "snapshot_every", "fork_server", "state_mb", "overhead_ratio", "overhead_cpu_ratio", "rss_ratio", "commit_ms_median",
  "recovery_s_median", "growth_pause_s_median", "newcomer_start_s_median",
  "newcomer_from_need_s_median",
  "leave_pause_s_median", "sync_mb_s_median",
@@ -58,6 +60,7 @@ from typing import NamedTuple
 
 from harness import WAIT_S, Orchestrator, Process, child_env, free_port, gaps, tf_config
 
+from tensorflow_elastic.launch.preloaded import ForkServer
 from tensorflow_elastic.observability.events import (GENERATION_START, STATE_RESTORED,
                                                       STATE_SYNCED, read_events)
 
@@ -94,12 +97,12 @@ def start_orchestrator(heartbeat_timeout: float = 5.0) -> Orchestrator:
 
 def elastic_workers(orchestrator: Orchestrator, count: int, run_id: str, steps: int,
                     min_nodes: int, max_nodes: int, events_file: str,
-                    flags: tuple[str, ...] = ()) -> list[Process]:
+                    flags: tuple[str, ...] = (), fork_server=None) -> list[Process]:
     env = child_env(TFE_RDZV_ENDPOINT=orchestrator.endpoint, TFE_RUN_ID=run_id,
                     TFE_MIN_NODES=str(min_nodes), TFE_MAX_NODES=str(max_nodes),
                     TFE_EVENTS_FILE=events_file)
     return [Process([sys.executable, WORKER, "--mode", "elastic", "--steps", str(steps), *flags],
-                    env) for _ in range(count)]
+                    env, fork_server=fork_server) for _ in range(count)]
 
 
 def stock_workers(count: int, steps: int,
@@ -200,7 +203,8 @@ def ratios_of(pairs: list[tuple[tuple[float, float], tuple[float, float]]]) -> t
 
 
 def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
-               snapshot_every: int = 1, trace: bool = False, prestarted: bool = False) -> dict:
+               snapshot_every: int = 1, trace: bool = False, prestarted: bool = False,
+               fork_server=None) -> dict:
     """One crash, growth or leave scenario; returns its measurements."""
     settings = SETTINGS[model]
     orchestrator = start_orchestrator()
@@ -216,7 +220,8 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
             t0 = started = time.time()
             group += elastic_workers(orchestrator, 1, f"{kind}{repeat}", 100_000, 2, workers,
                                      events_file,
-                                     flags + (("--hold_before_join",) if prestarted else ()))
+                                     flags + (("--hold_before_join",) if prestarted else ()),
+                                     fork_server)
             existing = group[:-1]
             newcomer = group[-1]
             if prestarted:
@@ -420,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="growth: start the newcomer's process ahead (it imports, builds and "
                         "warms up while the members train, then holds) and time the growth from "
                         "when it is let go")
+    parser.add_argument("--fork_server", action="store_true",
+                        help="growth: fork the newcomer from a fork server started at the "
+                        "benchmark's start (tfelastic-run --fork_server's way) instead of "
+                        "starting a fresh Python")
     parser.add_argument("--trace", action="store_true",
                         help="growth: print when each stage of the change returned on every "
                         "worker (join, barriers, exchange, regroup, sync, broadcast)")
@@ -431,17 +440,20 @@ def main(argv: list[str] | None = None) -> int:
                                 "stock_rss_mb": [], "elastic_rss_mb": [],
                                 "commit_s": [], "crash": [], "growth": [], "leave": []}
     kinds = [kind for kind in ("crash", "growth", "leave") if kind not in args.skip]
+    fork_server = ForkServer(child_env()) if args.fork_server else None
     with tempfile.TemporaryDirectory(prefix="tfe-recovery-") as tmp:
         for repeat in range(args.repeats):
             if "steady" not in args.skip:
                 _steady_repeat(args, tmp, repeat, results)
             for kind in kinds:
                 r = disruption(kind, args.workers, args.model, tmp, repeat, args.snapshot_every,
-                               args.trace, args.prestarted)
+                               args.trace, args.prestarted, fork_server)
                 results[kind].append(r)
                 print(f"[{repeat + 1}/{args.repeats}] {kind}: " +
                       ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                 for k, v in r.items()), flush=True)
+    if fork_server is not None:
+        fork_server.close()
     _report(args, results)
     return 0
 
@@ -524,7 +536,8 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
             ("lost steps", [r["lost_steps"] for kind in ("crash", "growth", "leave")
                             for r in results[kind]])]
     print(f"\nmodel {args.model}, {args.workers} workers, {args.repeats} repeat(s), a snapshot "
-          f"every {args.snapshot_every} commit(s)")
+          f"every {args.snapshot_every} commit(s)"
+          f"{', the newcomer forked from a fork server' if args.fork_server else ''}")
     print(f"{'metric':<30}{'median':>10}{'min':>10}{'max':>10}")
     for name, values in rows:
         if values:
@@ -538,6 +551,7 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
     summary = {
         "model": args.model,
         "snapshot_every": args.snapshot_every,
+        "fork_server": args.fork_server,
         "state_mb": median_of([r["sync_mb"] for r in growth], 2),
         "overhead_ratio": median_of(results["ratio"]),
         "overhead_cpu_ratio": median_of(results["cpu_ratio"]),

@@ -1,8 +1,9 @@
 """A worker killed under tfelastic-run: its replacement's time to its first contributing step,
 with a warm spare (--spares 1) and without (the replacement starts after the death), side by
-side.
+side; with --ways ... forked also without a spare but with --fork_server (the replacement is
+forked from the launcher's fork server after the death).
 
-Each round runs the launcher twice, one way then the other (the order alternates), with
+Each round runs the launcher once each way (the order rotates from round to round), with
 --standalone --nworkers 1:2 --nproc_per_node 2 and benchmarks/recovery_worker.py (--model
 picks the model of benchmarks/models.py). Once both workers train (and, with a spare, the
 spare says it is ready) one worker gets SIGKILL; measured:
@@ -38,14 +39,16 @@ _STARTED = re.compile(r"^\[agent\] (worker|spare) (\d+) started: pid (\d+)")
 _RECORD = re.compile(r"^\[node (\d+)\] (\{.*\})$")
 _SPARE_READY = re.compile(r"^\[spare \d+\] node (\d+) is a spare, ready")
 _SPARE_TAKEN = re.compile(r"^\[agent\] restart \d+ of \d+: spare \d+ \(pid (\d+)\)")
+WAYS = {"restart": ("--spares=0",), "spare": ("--spares=1",),
+        "forked": ("--spares=0", "--fork_server")}  # the launcher's flags of each way
 
 
 class Launcher:
     """A tfelastic-run whose output lines are kept with the time each arrived."""
 
-    def __init__(self, spares: int, model: str, tmp: str):
+    def __init__(self, flags: tuple[str, ...], model: str, tmp: str):
         argv = [sys.executable, "-m", "tensorflow_elastic.distributed.launch", "--standalone",
-                "--nworkers=1:2", "--nproc_per_node=2", f"--spares={spares}",
+                "--nworkers=1:2", "--nproc_per_node=2", *flags,
                 "--max_restarts=2", "--monitor_interval=0.5", "--progress_interval=0",
                 f"--log_dir={tmp}", WORKER, "--mode", "elastic", "--model", model,
                 "--global_batch", str(GLOBAL_BATCH[model]), "--steps", "1000000"]
@@ -72,9 +75,10 @@ class Launcher:
         return wait_until(predicate, what, WAIT_S, check=check)
 
 
-def one_run(spares: int, model: str, warm_steps: int) -> dict:
+def one_run(way: str, model: str, warm_steps: int) -> dict:
+    spares = way == "spare"
     with tempfile.TemporaryDirectory(prefix="tfe-spares-") as tmp:
-        launcher = Launcher(spares, model, tmp)
+        launcher = Launcher(WAYS[way], model, tmp)
         try:
             launcher.wait(lambda: len({n for n, r in launcher.records()
                                        if r["world"] == 2 and r["step"] >= warm_steps}) == 2,
@@ -117,15 +121,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="tiny", choices=sorted(GLOBAL_BATCH))
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds, each one run without a spare and one with (default 3)")
+    parser.add_argument("--ways", nargs="+", default=["restart", "spare"], choices=sorted(WAYS),
+                        help="how the replacement starts: restart (a fresh process after the "
+                        "death), spare (--spares 1), forked (--fork_server; default: restart "
+                        "spare)")
     parser.add_argument("--warm_steps", type=int, default=20,
                         help="steps both workers train before the kill (default 20)")
     args = parser.parse_args(argv)
     exit_on_sigterm()
-    results: dict[str, list[dict]] = {"restart": [], "spare": []}
+    results: dict[str, list[dict]] = {way: [] for way in args.ways}
     for round_ in range(args.rounds):
-        order = ("restart", "spare") if round_ % 2 == 0 else ("spare", "restart")
-        for way in order:
-            result = one_run(1 if way == "spare" else 0, args.model, args.warm_steps)
+        shift = round_ % len(args.ways)
+        for way in args.ways[shift:] + args.ways[:shift]:
+            result = one_run(way, args.model, args.warm_steps)
             results[way].append(result)
             print(f"round {round_ + 1} {way}: " + ", ".join(f"{k} {v:.3f}"
                                                             for k, v in result.items()),

@@ -15,7 +15,9 @@ and what a failure restarts; a collective mode's membership joins, reports
 and leaves at the orchestrator. A SIGTERM or SIGINT to the agent is forwarded
 to the workers as SIGTERM, which an elastic worker turns into a graceful leave.
 With ``--spares`` it also keeps warm spare workers (launch/spares.py) once the
-job runs, and a dead worker's place goes to one of them.
+job runs, and a dead worker's place goes to one of them. With ``--fork_server`` its workers
+are forked from a process that imported TensorFlow once (launch/fork_server.py), started
+while the node joins.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tensorflow_elastic.launch.decision import Action, Do, Scope, Situation, dec
 from tensorflow_elastic.launch.error_files import WorkerFailure, root_cause_summary
 from tensorflow_elastic.launch.gpus import visible_gpus, worker_gpu_env
 from tensorflow_elastic.launch.mode import Membership, Mode, SpareLaunches, View, WorkerLaunch
+from tensorflow_elastic.launch.preloaded import ForkServer
 from tensorflow_elastic.launch.process import WorkerProcess, stop_all
 from tensorflow_elastic.launch.spares import RunningSpare, SparePool
 from tensorflow_elastic.launch.spec import WorkerSpec, WorkerState, worker_env
@@ -94,6 +97,7 @@ class LocalAgent:
         self._spares = SparePool()
         self._spare_failures = 0
         self._took_spare: dict[int, int] = {}  # spare number -> the slot it took
+        self._fork_server: ForkServer | None = None
 
     # ------------------------------------------------------------------ control
 
@@ -115,11 +119,17 @@ class LocalAgent:
             for worker in self._workers:
                 if worker is not None and worker.poll() is None:
                     worker.kill()
+            if self._fork_server is not None:
+                self._fork_server.close()
             if self.membership is not None:
                 self.membership.close()
             self._events.close()
 
     def _run(self) -> AgentResult:
+        if self.spec.fork_server:  # it imports while the node joins
+            self._fork_server = ForkServer(worker_env({}))
+            self._info("fork server started: pid %d; workers are forked from it once it has "
+                       "imported TensorFlow", self._fork_server.pid)
         if self.spec.rdzv_endpoint:
             self._info("rendezvous at %s (run %s, workers %s)", self.spec.rdzv_endpoint,
                        self.spec.run_id, self.spec.bounds)
@@ -236,8 +246,8 @@ class LocalAgent:
         self._workers[slot] = self._spawn(self.mode.launch(slot), extra, worker_dir,
                                           lambda slot=slot: self._label(slot))
         self._exit_codes[slot] = None
-        self._info("worker %d started: pid %d, %s", slot, self._workers[slot].pid,
-                   self._who(slot))
+        self._info("worker %d started: pid %d, %s%s", slot, self._workers[slot].pid,
+                   self._who(slot), self._how_started(self._workers[slot]))
 
     def _start_spare(self) -> None:
         """A spare, which warms up and waits; it reads its end of a pipe for the agent's word."""
@@ -256,8 +266,8 @@ class LocalAgent:
         finally:
             os.close(read_end)
         self._spares.add(RunningSpare(number, process, write_end))
-        self._info("spare %d started: pid %d; it warms up and waits until a worker of this "
-                   "node is needed", number, process.pid)
+        self._info("spare %d started: pid %d%s; it warms up and waits until a worker of this "
+                   "node is needed", number, process.pid, self._how_started(process))
 
     def _take_spare(self, slot: int) -> None:
         """The oldest spare joins in place of `slot`'s dead worker; a new spare comes next."""
@@ -307,7 +317,8 @@ class LocalAgent:
                                     stdout=self._stdout, stderr=self._stderr,
                                     pass_fds=[s.fileno() for s in launch.sockets] + list(pass_fds),
                                     log_file=os.path.join(worker_dir, "output.log"),
-                                    verbose=self.spec.verbose, on_exit=self._wake.set)
+                                    verbose=self.spec.verbose, on_exit=self._wake.set,
+                                    fork_server=self._fork_server)
         finally:
             for held in launch.sockets:
                 held.close()
@@ -317,6 +328,13 @@ class LocalAgent:
             notice.watch(process.pid, lambda: process.poll() is None,
                          lambda: self._death_noticed(process))
         return process
+
+    def _how_started(self, process: WorkerProcess) -> str:
+        if self._fork_server is None:
+            return ""
+        if process.forked:
+            return ", forked from the fork server"
+        return f", a fresh process ({process.fresh_because})"
 
     def _death_noticed(self, process: WorkerProcess) -> None:
         """From a death notice's thread: a worker died holding its notice (killed, crashed).

@@ -154,6 +154,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "each imports, builds and warms up its step, then waits, not a member, until "
                    "a worker of this node dies; it then joins in its place at once (counted as a "
                    "restart) and a new spare starts (default: %(default)s)")
+    p.add_argument("--fork_server", action="store_true",
+                   help="fork every worker (the first ones, replacements, spares) from a "
+                   "process that imported TensorFlow and tensorflow_elastic once, so a worker "
+                   "starts without their import; Python scripts only (default: off)")
     p.add_argument("--run_id", default="default", metavar="ID",
                    help="the job's name on the orchestrator; every node of a job uses the same "
                    "(default: %(default)s)")
@@ -335,6 +339,9 @@ def _check_args(args: argparse.Namespace) -> tuple[int, int]:
     _check_spares(args)
     if args.module and args.no_python:
         _die("-m runs a Python module; --no-python runs an executable: give one of them")
+    if args.fork_server and args.no_python:
+        _die("--fork_server forks Python workers from a preloaded interpreter; an executable "
+             "(--no-python) cannot be: drop one of them")
     if args.script == ORCHESTRATOR_ONLY and not args.module:
         if not args.standalone:
             _die(f"'{ORCHESTRATOR_ONLY}' runs only an orchestrator and needs --standalone")
@@ -492,7 +499,7 @@ def _worker_spec(args: argparse.Namespace, endpoint: str, token: str | None,
         events_file=events_file, log_dir=args.log_dir or default_log_dir(args.run_id),
         stop_timeout=args.stop_timeout, join_timeout=args.join_timeout,
         exit_barrier_timeout=args.exit_barrier_timeout, progress_interval=args.progress_interval,
-        verbose=args.verbose, gpus=args.gpus, spares=args.spares)
+        verbose=args.verbose, gpus=args.gpus, spares=args.spares, fork_server=args.fork_server)
 
 
 if __name__ == "__main__":

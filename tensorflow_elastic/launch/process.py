@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable, Sequence, TextIO
 
+from tensorflow_elastic.launch import preloaded
 from tensorflow_elastic.launch.console import ConsoleFilter
 
 OUTPUT_TAIL_LINES = 40
@@ -29,14 +30,16 @@ class WorkerProcess:
 
     ``error_file`` is where the worker writes its uncaught exception ('' for none);
     ``log_file`` (if given) receives every line of its output; ``on_exit`` is called when
-    its output closes, which is when it exits.
+    its output closes, which is when it exits. With ``fork_server`` it is forked from there
+    where it can be (``fresh_because`` then says why not, '' if it was).
     """
 
     def __init__(self, argv: list[str], env: dict[str, str], error_file: str,
                  label: Callable[[], str], stdout: TextIO | None = None,
                  stderr: TextIO | None = None, pass_fds: Sequence[int] = (),
                  log_file: str | None = None, verbose: bool = False,
-                 on_exit: Callable[[], None] | None = None):
+                 on_exit: Callable[[], None] | None = None,
+                 fork_server: preloaded.ForkServer | None = None):
         self.argv = argv
         self.error_file = error_file
         self.log_file = log_file
@@ -51,19 +54,18 @@ class WorkerProcess:
         # The last lines the console showed, for the failure summary.
         self.output_tail: collections.deque[str] = collections.deque(maxlen=OUTPUT_TAIL_LINES)
         try:
-            self.proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True,
-                                         pass_fds=tuple(pass_fds))
+            self.proc, out, err, self.fresh_because = preloaded.start(argv, env, pass_fds,
+                                                                      fork_server)
         except BaseException:
             if self._log is not None:
                 self._log.close()
             raise
         self._pumps = [
             threading.Thread(target=self._pump,
-                             args=(self.proc.stdout, stdout or sys.stdout, ConsoleFilter(verbose)),
+                             args=(out, stdout or sys.stdout, ConsoleFilter(verbose)),
                              name=f"tfe-out-{self.proc.pid}", daemon=True),
             threading.Thread(target=self._pump,
-                             args=(self.proc.stderr, stderr or sys.stderr, ConsoleFilter(verbose)),
+                             args=(err, stderr or sys.stderr, ConsoleFilter(verbose)),
                              name=f"tfe-err-{self.proc.pid}", daemon=True),
         ]
         for pump in self._pumps:
@@ -75,6 +77,11 @@ class WorkerProcess:
 
     def poll(self) -> int | None:
         return self.proc.poll()
+
+    @property
+    def forked(self) -> bool:
+        """Whether it was forked from a fork server (not a fresh process)."""
+        return isinstance(self.proc, preloaded.ForkedProcess)
 
     def signal(self, sig: int) -> None:
         """Sends ``sig`` to the worker itself (not its children), if it still runs."""
@@ -141,6 +148,9 @@ class WorkerProcess:
         """Blocks until the process has exited, without reaping it (the owner's poll does)."""
         if self.proc.returncode is not None:
             return  # reaped already
+        if isinstance(self.proc, preloaded.ForkedProcess):
+            self.proc.wait()  # the fork server reaps it, then reports
+            return
         try:
             os.waitid(os.P_PID, self.proc.pid, os.WEXITED | os.WNOWAIT)
         except ChildProcessError:

@@ -22,11 +22,22 @@ from tensorflow_elastic.launch.decision import Scope
 from tensorflow_elastic.launch.mode import View, WorkerLaunch
 from tensorflow_elastic.launch.spec import WorkerSpec
 from tensorflow_elastic.rendezvous import Client, HeartbeatInfo, Membership, Phase
+from tensorflow_elastic.rendezvous.client import join_together
 from tensorflow_elastic.rendezvous.errors import (
     GenerationChangedError, NodeRemovedError, RendezvousError, RunFailedError)
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 
 logger = logging.getLogger(__name__)
+
+
+def _joined(result: Membership | RendezvousError) -> Membership:
+    """A slot's join result; a failed run ends the agent's launch with the orchestrator's
+    reason."""
+    if isinstance(result, RunFailedError):
+        raise RuntimeError(f"the run failed on the orchestrator: {result.message}") from None
+    if isinstance(result, RendezvousError):
+        raise result
+    return result
 
 
 def tf_config(membership: Membership, node_id: int) -> str:
@@ -64,35 +75,32 @@ class RestartElasticity:
                                client.heartbeat_error)
                 client.close()
                 self._clients[slot] = self._new_client()
-        with ThreadPoolExecutor(len(self._clients)) as pool:
-            memberships = list(pool.map(self._join, range(len(self._clients))))
+        memberships = self._join_all()
         # Slots that joined a generation a moment before the others' join ended it catch up.
         latest = max(m.generation for m in memberships)
         for slot, m in enumerate(memberships):
             if m.generation < latest:
-                memberships[slot] = self._join(slot)
+                memberships[slot] = _joined(join_together(
+                    [self._clients[slot]], timeout=self.spec.join_timeout)[0])
         self._joined = memberships[0]
         self._generation = self._joined.generation
         self._changed.clear()
         return self._view()
 
-    def _join(self, slot: int) -> Membership:
-        """Joins one slot; only the first slot's membership carries the member map (the
-        workers' TF_CONFIG is built from it), so a job's formation sends the map once per
-        launcher, not once per worker."""
-        client = self._clients[slot]
-        with_members = slot == 0
-        try:
-            if client.node_id is None:
-                membership = client.join(self._addresses[slot], self.spec.bounds.min_nodes,
-                                         self.spec.bounds.max_nodes,
-                                         timeout=self.spec.join_timeout,
-                                         with_members=with_members)
+    def _join_all(self) -> list[Membership]:
+        """Joins every slot in one call (join_together: only the first slot's membership
+        carries the member map, which the workers' TF_CONFIG is built from); a slot that
+        joined as a new node starts beating."""
+        new = [c.node_id is None for c in self._clients]
+        for slot, client in enumerate(self._clients):
+            if new[slot]:
+                client.bind(self._addresses[slot], self.spec.bounds.min_nodes,
+                            self.spec.bounds.max_nodes)
+        results = join_together(self._clients, timeout=self.spec.join_timeout)
+        for slot, client in enumerate(self._clients):
+            if new[slot] and not isinstance(results[slot], RendezvousError):
                 client.start_heartbeats(heartbeat_interval(), self._on_heartbeat)
-                return membership
-            return client.join(timeout=self.spec.join_timeout, with_members=with_members)
-        except RunFailedError as e:
-            raise RuntimeError(f"the run failed on the orchestrator: {e.message}") from None
+        return [_joined(result) for result in results]
 
     def _new_client(self) -> Client:
         return self.spec.orchestrator_client()

@@ -76,6 +76,7 @@ class WorkerSpec:
     verbose: bool = False
     gpus: str = gpus_lib.SPLIT
     spares: int = 0  # warm spare workers kept once the job runs (launch/spares.py)
+    fork_server: bool = False  # workers forked from a preloaded process (launch/fork_server.py)
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1:

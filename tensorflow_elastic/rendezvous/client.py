@@ -28,7 +28,8 @@ import logging
 import threading
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Iterator, Sequence
 
 import grpc
 
@@ -41,7 +42,7 @@ from tensorflow_elastic.rendezvous.errors import (
 from tensorflow_elastic.rendezvous.keepalive import KeepAliveStream
 from tensorflow_elastic.rendezvous.member_deltas import DeltaMismatch, MapVersion
 from tensorflow_elastic.rendezvous.settings import (
-    CLIENT_RECONNECT_BACKOFF_MAX_S, CLIENT_RETRY_BACKOFF_MAX_S)
+    CLIENT_RECONNECT_BACKOFF_MAX_S, CLIENT_RETRY_BACKOFF_MAX_S, MAX_JOINS_PER_CALL)
 from tensorflow_elastic.rendezvous.types import (
     HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
 
@@ -174,45 +175,53 @@ class Client:
         if address is not None:
             if min_nodes is None or max_nodes is None:
                 raise ValueError("join needs min_nodes and max_nodes along with the address")
-            self._join_args = (address, min_nodes, max_nodes)
+            self.bind(address, min_nodes, max_nodes)
         if self._join_args is None:
             raise ValueError("the first join needs address, min_nodes and max_nodes")
+        return self._join(uuid.uuid4().hex, time.monotonic() + timeout, with_members)
+
+    def bind(self, address: str, min_nodes: int, max_nodes: int) -> None:
+        """Sets what a first :meth:`join` takes (the node's address, the run's node bounds)
+        without joining, for a node that joins together with others (:func:`join_together`)."""
+        self._join_args = (address, min_nodes, max_nodes)
+
+    def _join_request(self, nonce: str, deadline: float, held: HeldMap | None,
+                      with_members: bool) -> pb.JoinRequest:
         address, min_nodes, max_nodes = self._join_args
-        nonce = uuid.uuid4().hex
-        deadline = time.monotonic() + timeout
-        named: list[HeldMap | None] = [None]
+        req = pb.JoinRequest(run_id=self.run_id, address=address, min_nodes=min_nodes,
+                             max_nodes=max_nodes, last_generation=self.generation,
+                             nonce=nonce, timeout_s=_remaining(deadline))
+        if self.node_id is not None:
+            req.node_id = self.node_id
+        _name_map(req, held)
+        req.omit_members = not with_members
+        return req
 
-        def request() -> pb.JoinRequest:
-            req = pb.JoinRequest(run_id=self.run_id, address=address, min_nodes=min_nodes,
-                                 max_nodes=max_nodes, last_generation=self.generation,
-                                 nonce=nonce, timeout_s=_remaining(deadline))
-            if self.node_id is not None:
-                req.node_id = self.node_id
-            _name_map(req, named[0])
-            req.omit_members = not with_members
-            return req
-
+    def _join(self, nonce: str, deadline: float, with_members: bool,
+              answered: tuple[HeldMap | None, pb.JoinResponse] | None = None) -> Membership:
+        """Joins with ``nonce``; ``answered``: the map named and the reply of a first try sent
+        another way (an entry of :func:`join_together`'s call)."""
         # A join again after a bad delta, naming no map, gets the whole one: the node is a
         # member of a generation newer than last_generation by now, so it returns at once.
-        for held in (self._held, None):
-            named[0] = held
-            response = self._call(lambda stub: stub.Join, request, deadline)
+        for held, response in (answered or (self._held, None), (None, None)):
+            if response is None:
+                response = self._call(lambda stub: stub.Join, lambda: self._join_request(
+                    nonce, deadline, held, with_members), deadline)
             try:
                 membership, now_held = read_membership(
                     response.node_id, response.membership, held, response.taken_back_after)
-                if with_members or response.membership.members or response.membership.delta:
-                    self._held = now_held  # (an orchestrator may send the map all the same)
-                break
             except DeltaMismatch as e:
                 logger.warning("the member map of a join reply did not check out (%s); "
                                "asking for the whole map", e)
-        else:
-            raise RendezvousError("the orchestrator sent a delta of the member map to a join "
-                                  "that named no map")
-        self.node_id = response.node_id
-        self.generation = response.membership.generation
-        self.beat_interval_floor = response.heartbeat_interval_s
-        return membership
+                continue
+            if with_members or response.membership.members or response.membership.delta:
+                self._held = now_held  # (an orchestrator may send the map all the same)
+            self.node_id = response.node_id
+            self.generation = response.membership.generation
+            self.beat_interval_floor = response.heartbeat_interval_s
+            return membership
+        raise RendezvousError("the orchestrator sent a delta of the member map to a join "
+                              "that named no map")
 
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
         """Gets this node's permanent id without joining yet; returns at once.
@@ -450,6 +459,62 @@ class _Replica:
     address: str
     channel: grpc.Channel
     stub: pb_grpc.RendezvousStub
+
+
+def join_together(clients: Sequence[Client], timeout: float = 600.0
+                  ) -> list[Membership | RendezvousError]:
+    """Joins the nodes of ``clients`` (each joined before, or bound: :meth:`Client.bind`) in
+    one call on the first client's connection, as an agent joins the nodes of its workers; a
+    formation then costs the orchestrator one call per launcher, not one per node. Each node is
+    a join of its own (its nonce, so a retried call keeps its ids); only the first one's
+    membership carries the member map, the others' its name alone. Returns each node's
+    membership, or the error its join met, in ``clients``' order. An orchestrator without the
+    batched call gets one join per node, each from a thread of its own."""
+    if any(c._join_args is None for c in clients):
+        raise ValueError("every client must have joined before or be bound (Client.bind)")
+    if len({c.endpoint for c in clients}) > 1:
+        raise ValueError("nodes that join together talk to one orchestrator: give their "
+                         "clients the same endpoint")
+    results: list[Membership | RendezvousError] = []
+    for start in range(0, len(clients), MAX_JOINS_PER_CALL):
+        results += _join_batch(clients[start:start + MAX_JOINS_PER_CALL], timeout)
+    return results
+
+
+def _join_batch(clients: Sequence[Client], timeout: float) -> list[Membership | RendezvousError]:
+    deadline = time.monotonic() + timeout
+    nonces = [uuid.uuid4().hex for _ in clients]
+    held = [c._held for c in clients]
+
+    def request() -> pb.JoinManyRequest:
+        return pb.JoinManyRequest(joins=[
+            c._join_request(nonce, deadline, h, with_members=k == 0)
+            for k, (c, nonce, h) in enumerate(zip(clients, nonces, held))])
+
+    try:
+        response = clients[0]._call(lambda stub: stub.JoinMany, request, deadline)
+    except RendezvousError as e:
+        if e.code != grpc.StatusCode.UNIMPLEMENTED:
+            raise
+        with ThreadPoolExecutor(len(clients)) as pool:
+            return list(pool.map(lambda k: _join_alone(clients[k], nonces[k], deadline, k == 0),
+                                 range(len(clients))))
+    results: list[Membership | RendezvousError] = []
+    for k, (client, answer) in enumerate(zip(clients, response.answers)):
+        if answer.HasField("reply"):
+            results.append(client._join(nonces[k], deadline, k == 0, (held[k], answer.reply)))
+        else:
+            results.append(RendezvousError.from_answer(answer.code, answer.message,
+                                                       answer.reason))
+    return results
+
+
+def _join_alone(client: Client, nonce: str, deadline: float,
+                with_members: bool) -> Membership | RendezvousError:
+    try:
+        return client._join(nonce, deadline, with_members)
+    except RendezvousError as e:
+        return e
 
 
 def split_endpoints(endpoint: str) -> list[str]:

@@ -33,6 +33,9 @@ UNREACHABLE = "unreachable"
 LEADER_METADATA_KEY = "tfe-leader"
 
 
+_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
 class RendezvousError(ServiceError):
     """A call the orchestrator refused or could not complete."""
 
@@ -46,6 +49,13 @@ class RendezvousError(ServiceError):
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             return InvalidArgumentError(message, reason=reason)
         return _BY_REASON.get(reason, RendezvousError)(message, code=code, reason=reason)
+
+    @classmethod
+    def from_answer(cls, code: int, message: str, reason: str) -> "RendezvousError":
+        """The error one entry of a batched reply carries (a KeepAlive or JoinMany answer):
+        the status code's number, its message and the reason ("" for none)."""
+        return cls.from_status(_CODES.get(code, grpc.StatusCode.UNKNOWN), message,
+                               reason or None)
 
 
 class InvalidArgumentError(RendezvousError):

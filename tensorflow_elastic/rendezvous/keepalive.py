@@ -37,7 +37,6 @@ logger = logging.getLogger(__name__)
 REOPEN_MAX_S = 0.5
 # Beats that failed with these are simply sent again at the next interval.
 TRANSIENT = (*rpc.UNREACHABLE_OR_SHED, grpc.StatusCode.DEADLINE_EXCEEDED)
-_CODES = {code.value[0]: code for code in grpc.StatusCode}
 
 # Opens the stream: given a factory of request iterators, returns the responses.
 Opener = Callable[[Callable[[], Iterator[pb.KeepAliveRequest]]], Iterator[pb.KeepAliveResponse]]
@@ -162,8 +161,7 @@ class KeepAliveStream:
                 beat.info = info_from_proto(answer.info)
                 continue
             refused.add(beat)
-            error = RendezvousError.from_status(_CODES.get(answer.code, grpc.StatusCode.UNKNOWN),
-                                                answer.message, answer.reason or None)
+            error = RendezvousError.from_answer(answer.code, answer.message, answer.reason)
             beat.error = error
             if error.code not in TRANSIENT:
                 self.remove(beat)  # removed, run failed, ...: more beats cannot help

@@ -34,7 +34,7 @@ from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.refusals import check_last_generation
 from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
-from tensorflow_elastic.rendezvous.settings import RunSettings
+from tensorflow_elastic.rendezvous.settings import MAX_JOINS_PER_CALL, RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
 from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Membership, NodeBounds
 
@@ -229,7 +229,47 @@ class RendezvousService:
     # ------------------------------------------------------------------ RPCs
 
     @_rpc
-    async def Join(self, request: pb.JoinRequest, context: Any) -> pb.JoinResponse:
+    async def Join(self, request: pb.JoinRequest, context: Any) -> bytes:
+        head, tail, reply_sent = await self._join(request)
+        if reply_sent is not None:
+            context.add_done_callback(lambda _: reply_sent())
+        return head + tail
+
+    @_rpc
+    async def JoinMany(self, request: pb.JoinManyRequest, context: Any) -> bytes:
+        """Each entry as a Join of its own, all at once; one reply once every entry is
+        answered. The nodes' holds end when that reply has been sent, as a Join's would."""
+        count = len(request.joins)
+        if not 1 <= count <= MAX_JOINS_PER_CALL:
+            raise InvalidArgumentError(
+                f"{count} joins in one JoinMany call; send 1 to {MAX_JOINS_PER_CALL} (split "
+                f"a larger launcher's nodes over several calls)")
+        answered = await asyncio.gather(*(self._join_answer(j) for j in request.joins))
+        sent = [reply_sent for _, reply_sent in answered if reply_sent is not None]
+        if sent:
+            context.add_done_callback(lambda _: [reply_sent() for reply_sent in sent])
+        # Joined once: a reply may carry the whole member map.
+        return b"".join(piece for pieces, _ in answered for piece in pieces)
+
+    async def _join_answer(self, request: pb.JoinRequest
+                           ) -> tuple[tuple[bytes, ...], Callable[[], None] | None]:
+        """One JoinMany entry as field 1 of the response, in pieces: a JoinAnswer holding the
+        join's reply (its field 1), or its error; and what to call once it has been sent."""
+        try:
+            head, tail, reply_sent = await self._join(request)
+        except RendezvousError as e:
+            self._metrics.rpc_done("Join", e.code.name)
+            answer = pb.JoinAnswer(code=e.code.value[0], message=e.message,
+                                   reason=e.reason).SerializeToString()
+            return (_field_prefix(1, len(answer)), answer), None
+        self._metrics.rpc_done("Join", "OK")
+        reply = _field_prefix(1, len(head) + len(tail))
+        return (_field_prefix(1, len(reply) + len(head) + len(tail)), reply, head, tail), reply_sent
+
+    async def _join(self, request: pb.JoinRequest
+                    ) -> tuple[bytes, bytes, Callable[[], None] | None]:
+        """A join's serialized reply in two pieces (its head, the membership), and what to call
+        once it has been sent (None: nothing)."""
         _check_run_id(request.run_id)
         _check_address(request.address)
         _check_text("nonce", request.nonce, MAX_NONCE)
@@ -261,19 +301,18 @@ class RendezvousService:
         run.check_config(request.min_nodes, request.max_nodes)
         if request.register_only:
             node_id = await run.register(request.address, request.nonce)
-            return (pb.JoinResponse(node_id=node_id).SerializeToString()
-                    + self._join_tail(run, request))
+            return (pb.JoinResponse(node_id=node_id).SerializeToString(),
+                    self._join_tail(run, request), None)
         node_id = request.node_id if request.HasField("node_id") else None
         membership = await run.join(request.address, node_id, request.last_generation,
                                     request.nonce, request.timeout_s)
         reply_sent = run.hold_while_answering(membership.node_id, newcomer=node_id is None)
-        context.add_done_callback(lambda _: reply_sent())
         # run.join returned the run's current membership, which is what _join_tail encodes.
         return (pb.JoinResponse(node_id=membership.node_id,
                                 taken_back_after=membership.taken_back_after,
                                 heartbeat_interval_s=run.ask_interval(membership.node_id)
-                                ).SerializeToString()
-                + self._join_tail(run, request))
+                                ).SerializeToString(),
+                self._join_tail(run, request), reply_sent)
 
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
@@ -432,6 +471,17 @@ def _heartbeat_reply(info: HeartbeatInfo) -> pb.HeartbeatResponse:
     return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
                                 waiting=info.waiting, removed=info.removed, member=info.member,
                                 queued=info.queued)
+
+
+def _field_prefix(number: int, size: int) -> bytes:
+    """What precedes a serialized message of ``size`` bytes as field ``number`` of the message
+    that holds it, so that replies encoded once are nested without being parsed again."""
+    prefix = bytearray([number << 3 | 2])
+    while size > 0x7F:
+        prefix.append(size & 0x7F | 0x80)
+        size >>= 7
+    prefix.append(size)
+    return bytes(prefix)
 
 
 def _serialize(reply: Any) -> bytes:

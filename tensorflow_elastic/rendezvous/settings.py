@@ -25,6 +25,9 @@ BEATS_PER_TIMEOUT = 3.0
 # Intervals asked of nodes are whole multiples of this: a run holds few distinct ones.
 INTERVAL_STEP_S = 0.05
 
+# Joins one JoinMany call may carry (a launcher's nodes): the client splits more over calls.
+MAX_JOINS_PER_CALL = 1024
+
 
 # How quickly a client reaches an orchestrator that is back (restarted on its state, or a new
 # leader): its channel tries to reconnect at least this often, and its calls retry after at

@@ -111,6 +111,7 @@ def test_no_python_runs_the_script_as_an_executable(tmp_path):
     (["--no-python", "NOT_EXECUTABLE"], "is not an executable"),
     (["-m", "no_such_module_here"], "module 'no_such_module_here' not found"),
     (["-m", "--no-python", "x"], "give one of them"),
+    (["--fork_server", "--no-python", "x"], "an executable (--no-python) cannot be"),
 ])
 def test_m_and_no_python_check_their_script(tmp_path, monkeypatch, capsys, args, reason):
     monkeypatch.chdir(tmp_path)
