@@ -447,7 +447,7 @@ class Run:
             else:
                 self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                           f"registered, address {address}", address=address)
-                ticket = self._save()
+                ticket = self._save(urgent=False)
         await self._committer.wait(ticket)
         refusals.check_not_failed(state)
         return node
@@ -459,7 +459,7 @@ class Run:
         self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                   detail or f"waiting, address {node.address}", address=node.address)
         self._maybe_form()
-        return self._commit(wakes_joins=False)
+        return self._commit(wakes_joins=False, urgent=False)
 
     async def _wait_for_generation(self, node: Node, after: int, timeout: float) -> Membership:
         state = self._state
@@ -645,24 +645,25 @@ class Run:
                   cause=reason, fatal=True)
         self._commit(wakes_joins=True)
 
-    def _commit(self, wakes_joins: bool) -> int:
-        """The exit of every state transition: saves the state, wakes the waiting joins (when
-        the transition can decide them) and tells the observer; the watch streams hear of it
-        once it is durable (see _publish).
+    def _commit(self, wakes_joins: bool, urgent: bool = True) -> int:
+        """The exit of every state transition: saves the state (at once if ``urgent``, see
+        GroupCommitter.mark), wakes the waiting joins (when the transition can decide them)
+        and tells the observer; the watch streams hear of it once it is durable (see
+        _publish).
 
         Returns the save's ticket, for callers that answer only once it is durable.
         """
-        ticket = self._save()
+        ticket = self._save(urgent)
         self._version += 1
         if wakes_joins:
             self._join_wake.wake()
         self._report_membership()
         return ticket
 
-    def _save(self) -> int:
+    def _save(self, urgent: bool = True) -> int:
         """Saves a change that no watcher sees (an id given out, a completed gather)."""
         self._note_idleness()
-        return self._committer.mark()
+        return self._committer.mark(urgent)
 
     def _snapshot(self) -> Snapshot:
         """The state to save; the update it holds goes to the watchers once it is durable."""

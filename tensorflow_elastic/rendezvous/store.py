@@ -10,10 +10,11 @@ the others in a log it compacts (node_log.py), and a load gives the whole run.
 :class:`GroupCommitter` batches saves: any number of changes made while a save
 is running go out together in the next one, so 1,000 nodes joining at once
 cost a handful of fsyncs, and every caller still waits until its change is on
-disk before it is answered. Saves start at least :data:`SAVE_SPACING_S` apart:
-a save of a few changes costs about as much CPU as one of many (1-2 ms), and a
-flood of joins would otherwise keep one save running after the other on the
-orchestrator's cores (etcd answers in a few ms). It says when a save is durable (``on_durable``), so
+disk before it is answered. Saves of newcomers' joins start at least
+:data:`SAVE_SPACING_S` apart: a save of a few changes costs about as much CPU as
+one of many (1-2 ms), and a flood of joins would otherwise keep one save running
+after the other on the orchestrator's cores (etcd answers in a few ms). A change
+that members wait on (a removal, a formation, a barrier) is saved at once. It says when a save is durable (``on_durable``), so
 that watchers hear only of changes a restart or a new leader will not undo.
 """
 
@@ -328,10 +329,17 @@ class GroupCommitter:
         self._failed: BaseException | None = None
         self._saved = asyncio.Event()
         self._last_start = float("-inf")  # loop time
+        # Set by a change that members wait on: the next save starts without the spacing.
+        self._urgent = asyncio.Event()
 
-    def mark(self) -> int:
-        """Records that the state changed; returns a ticket for :meth:`wait`."""
+    def mark(self, urgent: bool = True) -> int:
+        """Records that the state changed; returns a ticket for :meth:`wait`. Only changes
+        that are not ``urgent`` (a newcomer queued: thousands come together) wait for the
+        spacing; a re-form's removal, formation and barrier are on the members' path back to
+        training and are saved at once."""
         self._changed += 1
+        if urgent:
+            self._urgent.set()
         if not self._store.persistent:
             self._durable = self._changed
             self._on_durable()
@@ -360,8 +368,12 @@ class GroupCommitter:
         try:
             while self._durable < self._changed:
                 wait = self._last_start + SAVE_SPACING_S - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                if wait > 0 and not self._urgent.is_set():
+                    try:
+                        await asyncio.wait_for(self._urgent.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                self._urgent.clear()
                 self._last_start = loop.time()
                 ticket = self._changed
                 # The snapshot is taken on the loop, so it is consistent; only the I/O moves off it.

@@ -18,6 +18,7 @@ import pytest
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
 from tensorflow_elastic.rendezvous import Client
+from tensorflow_elastic.rendezvous import store as store_module
 from tensorflow_elastic.rendezvous.settings import heartbeat_interval
 from tensorflow_elastic.rendezvous.store import (
     SAVE_SPACING_S, FileStore, GroupCommitter, MemoryStore, StoreInUse)
@@ -105,7 +106,7 @@ def test_group_commit_batches_changes_made_during_a_save():
     assert len(saved) <= 2
 
 
-def test_saves_that_follow_each_other_start_a_spacing_apart_and_an_idle_store_saves_at_once():
+def test_newcomers_saves_that_follow_each_other_start_a_spacing_apart_and_an_idle_store_saves_at_once():
     class PersistentStore(MemoryStore):
         persistent = True
 
@@ -119,12 +120,12 @@ def test_saves_that_follow_each_other_start_a_spacing_apart_and_an_idle_store_sa
         committer = GroupCommitter(PersistentStore(), "job", snapshot)
         end = time.monotonic() + 0.5
         while time.monotonic() < end:  # a change every millisecond, as a flood of joins
-            committer.mark()
+            committer.mark(urgent=False)
             await asyncio.sleep(0.001)
         await committer.wait(committer.last_ticket)
         await asyncio.sleep(1.5 * SAVE_SPACING_S)
         idle_mark = time.monotonic()
-        await committer.wait(committer.mark())
+        await committer.wait(committer.mark(urgent=False))
         return idle_mark
 
     idle_mark = asyncio.run(scenario())
@@ -281,3 +282,26 @@ def test_a_10_s_outage_of_the_orchestrator_removes_no_live_member(
     assert not [h for h in run.history if h["event"] in ("node_left", "failure_detected")], \
         run.history
     assert all(c.heartbeat_error is None for c, _ in joined)
+
+
+def test_a_change_members_wait_on_is_saved_without_the_spacing(monkeypatch):
+    monkeypatch.setattr(store_module, "SAVE_SPACING_S", 60.0)  # far beyond the bounds below
+
+    class PersistentStore(MemoryStore):
+        persistent = True
+
+    saves = []
+
+    async def scenario():
+        committer = GroupCommitter(PersistentStore(), "job", lambda: saves.append(1) or {})
+        await committer.wait(committer.mark(urgent=False))  # an idle store: at once
+        queued = committer.mark(urgent=False)  # a newcomer right after: it waits the spacing
+        await asyncio.sleep(0.5)
+        held = len(saves)
+        await asyncio.wait_for(committer.wait(committer.mark()), 30)  # a formation: at once
+        await asyncio.wait_for(committer.wait(queued), 30)
+        return held
+
+    held = asyncio.run(scenario())
+    assert held == 1  # the newcomer's save was held back...
+    assert len(saves) == 2  # ...until the formation's, which carried it
