@@ -29,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
 from tensorflow_elastic.observability import events as ev
 from tensorflow_elastic.net import Probe, probe
 from tensorflow_elastic.rendezvous import partition, refusals
-from tensorflow_elastic.rendezvous.errors import NotLeaderError, RendezvousTimeoutError
+from tensorflow_elastic.rendezvous.errors import (
+    NotLeaderError, RendezvousError, RendezvousTimeoutError)
 from tensorflow_elastic.rendezvous.liveness import (
     FIRST_BEAT_MAX_S, REPLY_HOLD_MAX_S, BeatIntervals, Liveness, LoopClock, WatchLoss)
 from tensorflow_elastic.rendezvous.node_log import RangeCache
@@ -44,7 +45,7 @@ from tensorflow_elastic.rendezvous.settings import (
     RunSettings, beat_interval_floor, liveness_timeout)
 from tensorflow_elastic.rendezvous.store import GroupCommitter, MembershipStore, Snapshot
 from tensorflow_elastic.rendezvous.types import (
-    HeartbeatInfo, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
+    HeartbeatInfo, JoinEntry, Membership, MembershipUpdate, NodeStatus, Phase, RunStatus)
 from tensorflow_elastic.rendezvous.wake import Wake
 
 
@@ -94,7 +95,7 @@ class Run:
         self._watch_loss = WatchLoss(settings.watch_loss_grace)
         self._intervals = BeatIntervals()
         # Newcomers whose join reply went out, until their first beat: what ends their hold.
-        self._first_beats: dict[int, list[Callable[[], None]]] = {}  # the holds a beat ends
+        self._first_beats: dict[int, list[_ReplyHold]] = {}  # the holds a beat ends
         now = clock.now()
         for node_id in state.nodes:
             self._liveness.touch(node_id, now)
@@ -110,6 +111,8 @@ class Run:
         self._last_call_at: float | None = None
         # Bumped by every commit.
         self._version = 0
+        # Nodes queued since the last commit: a call commits the nodes it queued once.
+        self._queued = 0
         # The state's member map, its copy that memberships share, and the chief.
         self._shared_members: tuple[dict[int, str], dict[int, str], int] | None = None
         # What watchers see: the update of the last durable save, and a count of them.
@@ -217,28 +220,68 @@ class Run:
     async def join(self, address: str, node_id: int | None, last_generation: int, nonce: str,
                    timeout: float) -> Membership:
         """Returns once the node is a member of a generation newer than ``last_generation``."""
+        answer, = await self.join_many([JoinEntry(address, node_id, last_generation, nonce,
+                                                  timeout)])
+        if isinstance(answer, RendezvousError):
+            raise answer
+        return answer
+
+    async def join_many(self, entries: Sequence[JoinEntry]) -> list[Membership | RendezvousError]:
+        """Joins each entry as :meth:`join` would (its own checks, nonce and error, in order),
+        at about the cost of one join: one save and one wait for the generation for them all.
+        A launcher joins the nodes of its workers so; at 10,000 nodes a save, a wake-up and a
+        timer per node were most of the orchestrator's work of a formation."""
+        answers: list[Membership | RendezvousError | None] = [None] * len(entries)
+        # entry index -> (node, the generation it must be newer than, its timeout, deadline)
+        waits: dict[int, tuple[Node, int, float, float]] = {}
+        removals: dict[int, str] = {}
+        newcomers = False
+        for index, entry in enumerate(entries):
+            try:
+                node, removals[index] = self._enter(entry)
+            except RendezvousError as e:
+                answers[index] = e
+                continue
+            newcomers |= entry.node_id is None
+            waits[index] = (node, entry.last_generation, entry.timeout,
+                            time.monotonic() + entry.timeout)
+        if self._queued:
+            self._commit(wakes_joins=False, urgent=False)
+        if newcomers:
+            # A new node is answered only once it is durable, so a restart never forgets an id
+            # someone was told, nor gives it out again.
+            await self._committer.wait(self._committer.last_ticket)
+        await self._wait_for_generations(waits, answers)
+        for index, removal in removals.items():
+            answer = answers[index]
+            if removal and isinstance(answer, Membership):
+                answers[index] = dataclasses.replace(answer, taken_back_after=removal)
+        return answers  # type: ignore[return-value]  # every entry has its answer
+
+    def _enter(self, entry: JoinEntry) -> tuple[Node, str]:
+        """A join's steps before its wait: its checks, its node admitted or found again, the
+        next generation formed at once if the join ends the current one. Returns the node and
+        why it had been removed (a node taken back); the caller commits the nodes it queued."""
         state = self._state
         refusals.check_not_failed(state)
-        refusals.check_last_generation(last_generation, state.generation)
-        removal = ""
-        if node_id is None:
-            node = await self._admit_new(address, nonce)
-        else:
-            removal = refusals.removal(state, node_id) if state.was_removed(node_id) else ""
-            taken_back = self._take_back(node_id, address, nonce)
-            if taken_back is None:
-                removal = ""
-            node = taken_back or refusals.known_node(state, node_id)
-            refusals.check_same_address(node, address)
-            self._watch_loss.heard(node_id)  # its join holds it alive from here on
-            step = state.join_step(node_id, last_generation)
-            if step is JoinStep.GROW:
-                self._form(state.next_members(),
-                           f"node {node_id} re-joined generation {state.generation}")
-            elif step is JoinStep.ENQUEUE:
-                self._enqueue(node)
-        membership = await self._wait_for_generation(node, last_generation, timeout)
-        return dataclasses.replace(membership, taken_back_after=removal) if removal else membership
+        refusals.check_last_generation(entry.last_generation, state.generation)
+        if entry.node_id is None:
+            return self._admit_new(entry.address, entry.nonce)[0], ""
+        node_id, address = entry.node_id, entry.address
+        removal = refusals.removal(state, node_id) if state.was_removed(node_id) else ""
+        taken_back = self._take_back(node_id, address, entry.nonce)
+        if taken_back is None:
+            removal = ""
+        node = taken_back or refusals.known_node(state, node_id)
+        refusals.check_same_address(node, address)
+        self._watch_loss.heard(node_id)  # its join holds it alive from here on
+        step = state.join_step(node_id, entry.last_generation)
+        if step is JoinStep.GROW:
+            self._form(state.next_members(),
+                       f"node {node_id} re-joined generation {state.generation}")
+        elif step is JoinStep.ENQUEUE:
+            self._enqueue(node)
+        return node, removal
 
     def _take_back(self, node_id: int, address: str, nonce: str) -> Node | None:
         """A removed node whose process was alive all along joins again: it waits to be admitted
@@ -257,15 +300,19 @@ class Run:
 
     async def register(self, address: str, nonce: str) -> int:
         """Gives a node its permanent id without queueing it; it joins later with that id."""
-        refusals.check_not_failed(self._state)
-        return (await self._admit_new(address, nonce, enqueue=False)).node_id
+        state = self._state
+        refusals.check_not_failed(state)
+        node, new = self._admit_new(address, nonce, enqueue=False)
+        await self._committer.wait(self._save(urgent=False) if new else self._committer.last_ticket)
+        refusals.check_not_failed(state)
+        return node.node_id
 
     def heartbeat(self, node_id: int, generation: int) -> HeartbeatInfo:
         state = self._state
         refusals.check_heartbeat(state, node_id, generation)
         if self._first_beats:
-            for release in self._first_beats.pop(node_id, ()):
-                release()
+            for hold in self._first_beats.pop(node_id, ()):
+                hold.release()
         self._heard(node_id)
         member = state.is_active_member(node_id)
         if member and generation == state.generation:
@@ -424,68 +471,88 @@ class Run:
 
     # --------------------------------------------------------------- internals
 
-    async def _admit_new(self, address: str, nonce: str, enqueue: bool = True) -> Node:
+    def _admit_new(self, address: str, nonce: str, enqueue: bool = True) -> tuple[Node, bool]:
         """Gives a new node its permanent id, or finds it again for a join retried with its
-        nonce; returns once the node is durable.
+        nonce. Returns the node and whether it is new: the caller saves it and answers only
+        once the save is durable.
 
-        The node is recorded before the first ``await``, so concurrent joins with one
-        nonce get one node; it is answered only after the save, so a restart never
-        forgets an id someone was told, nor gives it out again.
+        The node is recorded at once, so concurrent joins with one nonce get one node.
         """
         state = self._state
         known = state.nonces.get(nonce) if nonce else None
         if known is not None:
             node = refusals.known_node(state, known)
             refusals.check_nonce_address(node, nonce, address)
-            ticket = self._committer.last_ticket
+            return node, False
+        state.blocklist.check(address)
+        node = state.register(address, nonce)
+        self._liveness.touch(node.node_id, self._clock.now())
+        if enqueue:
+            self._enqueue(node)
         else:
-            state.blocklist.check(address)
-            node = state.register(address, nonce)
-            self._liveness.touch(node.node_id, self._clock.now())
-            if enqueue:
-                ticket = self._enqueue(node)
-            else:
-                self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
-                          f"registered, address {address}", address=address)
-                ticket = self._save(urgent=False)
-        await self._committer.wait(ticket)
-        refusals.check_not_failed(state)
-        return node
+            self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
+                      f"registered, address {address}", address=address)
+        return node, True
 
-    def _enqueue(self, node: Node, detail: str = "") -> int:
-        """Puts a node in the waiting queue: the next generation admits it. Returns the save's
-        ticket."""
+    def _enqueue(self, node: Node, detail: str = "") -> None:
+        """Puts a node in the waiting queue: the next generation admits it. The caller commits
+        (once for the nodes of a call)."""
         self._state.enqueue(node)
+        self._queued += 1
         self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                   detail or f"waiting, address {node.address}", address=node.address)
         self._maybe_form()
-        return self._commit(wakes_joins=False, urgent=False)
 
-    async def _wait_for_generation(self, node: Node, after: int, timeout: float) -> Membership:
+    async def _wait_for_generations(self, waits: dict[int, tuple[Node, int, float, float]],
+                                    answers: list[Membership | RendezvousError | None]) -> None:
+        """Waits until each node of ``waits`` (entry index -> node, the generation it must be
+        newer than, timeout, deadline) is a member of a newer generation, or its join fails; puts each
+        answer at its index. The nodes are held alive meanwhile, and all wait on one wake-up."""
         state = self._state
-        deadline = time.monotonic() + timeout
-        self._liveness.hold(node.node_id)
+        for node, *_ in waits.values():
+            self._liveness.hold(node.node_id)
         try:
-            while True:
-                refusals.check_not_failed(state)
-                if state.phase == Phase.COMPLETED or state.job_finished:
-                    raise refusals.job_complete(state)
-                if state.was_removed(node.node_id):
-                    raise refusals.removed_error(state, node.node_id)
-                if state.is_active_member(node.node_id) and state.generation > after:
+            while waits:
+                formed = []
+                for index, (node, after, timeout, deadline) in list(waits.items()):
+                    try:
+                        if self._in_generation_after(node, after, timeout, deadline):
+                            formed.append(index)
+                    except RendezvousError as e:
+                        del waits[index]
+                        self._stop_holding(node.node_id)
+                        answers[index] = e
+                if formed:
                     await self._committer.wait(self._formed_ticket)
-                    if state.is_active_member(node.node_id):
-                        break
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RendezvousTimeoutError(
-                        refusals.join_timeout_message(state, node, timeout))
-                await self._join_wake.wait(remaining)
+                    for index in formed:
+                        node_id = waits[index][0].node_id
+                        if state.is_active_member(node_id):
+                            del waits[index]
+                            self._stop_holding(node_id)
+                            self._ack(node_id)
+                            answers[index] = self.membership(node_id)
+                elif waits:
+                    soonest = min(wait[3] for wait in waits.values())
+                    await self._join_wake.wait(soonest - time.monotonic())
         finally:
-            self._stop_holding(node.node_id)
-        self._ack(node.node_id)
-        return self.membership(node.node_id)
+            for node, *_ in waits.values():
+                self._stop_holding(node.node_id)
+
+    def _in_generation_after(self, node: Node, after: int, timeout: float,
+                             deadline: float) -> bool:
+        """Whether the node is a member of a generation newer than ``after``; raises why its
+        join fails (the run failed or completed, the node was removed, its deadline passed)."""
+        state = self._state
+        refusals.check_not_failed(state)
+        if state.phase == Phase.COMPLETED or state.job_finished:
+            raise refusals.job_complete(state)
+        if state.was_removed(node.node_id):
+            raise refusals.removed_error(state, node.node_id)
+        if state.is_active_member(node.node_id) and state.generation > after:
+            return True
+        if deadline <= time.monotonic():
+            raise RendezvousTimeoutError(refusals.join_timeout_message(state, node, timeout))
+        return False
 
     def ask_interval(self, node_id: int) -> float:
         """The shortest heartbeat interval this run asks of ``node_id``, whose join returns now
@@ -501,43 +568,47 @@ class Run:
         interval = max(self._intervals.longest, beat_interval_floor(len(self._state.nodes)))
         return liveness_timeout(self._settings.heartbeat_timeout, interval)
 
-    def hold_while_answering(self, node_id: int, newcomer: bool) -> Callable[[], None]:
-        """Counts the node alive until the returned function is called (at the latest after
-        REPLY_HOLD_MAX_S): its join reply is on its way, and a node learns its id, so can
-        beat, only from that reply. Called as soon as its join returned, the node's silence
-        starts when its reply has been sent, not when the thousands of replies of a formation
-        were queued together. A ``newcomer`` (whose beats start with this reply) stays held
-        until its first beat, at most FIRST_BEAT_MAX_S longer: the beat streams of a large
-        formation open together, and their first beats are read seconds later. A beat read
-        before the reply's sending was noted (the node got it: it beats) ends the hold too."""
-        self._liveness.hold(node_id)
+    def hold_while_answering(self, nodes: Sequence[tuple[int, bool]]) -> Callable[[], None]:
+        """Counts the ``nodes`` (node id, newcomer) of one reply alive until the returned
+        function is called (at the latest after REPLY_HOLD_MAX_S): their join replies are on
+        their way, and a node learns its id, so can beat, only from its reply. Called as soon
+        as the joins returned, a node's silence starts when its reply has been sent, not when
+        the thousands of replies of a formation were queued together. A newcomer (whose beats
+        start with this reply) stays held until its first beat, at most FIRST_BEAT_MAX_S
+        longer: the beat streams of a large formation open together, and their first beats are
+        read seconds later. A beat read before the reply's sending was noted (the node got it:
+        it beats) ends the hold too. One timer serves the nodes of a reply."""
         loop = asyncio.get_running_loop()
-        held = True
-
-        def release() -> None:
-            nonlocal held
-            if held:
-                held = False
-                cap.cancel()
-                waiting = self._first_beats.get(node_id, [])
-                if release in waiting:
-                    waiting.remove(release)
-                    if not waiting:
-                        del self._first_beats[node_id]
-                self._stop_holding(node_id)
+        holds = []
+        for node_id, newcomer in nodes:
+            self._liveness.hold(node_id)
+            hold = _ReplyHold(node_id, newcomer, self._end_hold)
+            if newcomer:  # a join retried with its nonce holds it twice: one beat ends both
+                self._first_beats.setdefault(node_id, []).append(hold)
+            holds.append(hold)
+        cap = loop.call_later(REPLY_HOLD_MAX_S, _release, holds)
 
         def reply_sent() -> None:
             nonlocal cap
-            if not held or not newcomer or node_id not in self._state.nodes:
-                release()
-                return
             cap.cancel()
-            cap = loop.call_later(FIRST_BEAT_MAX_S, release)
+            first_beat = []
+            for hold in holds:
+                if hold.held and hold.newcomer and hold.node_id in self._state.nodes:
+                    first_beat.append(hold)
+                else:
+                    hold.release()
+            if first_beat:
+                cap = loop.call_later(FIRST_BEAT_MAX_S, _release, first_beat)
 
-        cap = loop.call_later(REPLY_HOLD_MAX_S, release)
-        if newcomer:  # a join retried with its nonce holds it twice: one beat ends both
-            self._first_beats.setdefault(node_id, []).append(release)
         return reply_sent
+
+    def _end_hold(self, hold: _ReplyHold) -> None:
+        waiting = self._first_beats.get(hold.node_id)
+        if waiting and hold in waiting:
+            waiting.remove(hold)
+            if not waiting:
+                del self._first_beats[hold.node_id]
+        self._stop_holding(hold.node_id)
 
     def _heard(self, node_id: int) -> None:
         """A message from the node: it is alive now."""
@@ -654,6 +725,7 @@ class Run:
         Returns the save's ticket, for callers that answer only once it is durable.
         """
         ticket = self._save(urgent)
+        self._queued = 0
         self._version += 1
         if wakes_joins:
             self._join_wake.wake()
@@ -775,6 +847,28 @@ class Run:
                        f"the job with enough nodes")
         elif self._last_call_at is not None and now >= self._last_call_at:
             self._maybe_form()
+
+
+class _ReplyHold:
+    """A node held alive by the join reply on its way to it (see Run.hold_while_answering)."""
+
+    __slots__ = ("node_id", "newcomer", "held", "_end")
+
+    def __init__(self, node_id: int, newcomer: bool, end: Callable[[_ReplyHold], None]):
+        self.node_id = node_id
+        self.newcomer = newcomer
+        self.held = True
+        self._end = end
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self._end(self)
+
+
+def _release(holds: list[_ReplyHold]) -> None:
+    for hold in holds:
+        hold.release()
 
 
 def _woken(event: asyncio.Event) -> asyncio.Event:

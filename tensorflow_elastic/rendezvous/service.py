@@ -18,7 +18,7 @@ import asyncio
 import collections
 import functools
 import time
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import grpc
 
@@ -36,7 +36,7 @@ from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import RunState, decode
 from tensorflow_elastic.rendezvous.settings import MAX_JOINS_PER_CALL, RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
-from tensorflow_elastic.rendezvous.types import HeartbeatInfo, Membership, NodeBounds
+from tensorflow_elastic.rendezvous.types import HeartbeatInfo, JoinEntry, Membership, NodeBounds
 
 MAX_RUN_ID = 128
 MAX_ADDRESS = 256
@@ -230,46 +230,68 @@ class RendezvousService:
 
     @_rpc
     async def Join(self, request: pb.JoinRequest, context: Any) -> bytes:
-        head, tail, reply_sent = await self._join(request)
-        if reply_sent is not None:
-            context.add_done_callback(lambda _: reply_sent())
+        (answer,), sent = await self._join_all([request])
+        if isinstance(answer, RendezvousError):
+            raise answer
+        _when_sent(context, sent)
+        head, tail = answer
         return head + tail
 
     @_rpc
     async def JoinMany(self, request: pb.JoinManyRequest, context: Any) -> bytes:
-        """Each entry as a Join of its own, all at once; one reply once every entry is
-        answered. The nodes' holds end when that reply has been sent, as a Join's would."""
+        """Each entry as a Join of its own (its checks, nonce, error), joined together; one
+        reply once every entry is answered. The nodes' holds end when that reply has been sent,
+        as a Join's would."""
         count = len(request.joins)
         if not 1 <= count <= MAX_JOINS_PER_CALL:
             raise InvalidArgumentError(
                 f"{count} joins in one JoinMany call; send 1 to {MAX_JOINS_PER_CALL} (split "
                 f"a larger launcher's nodes over several calls)")
-        answered = await asyncio.gather(*(self._join_answer(j) for j in request.joins))
-        sent = [reply_sent for _, reply_sent in answered if reply_sent is not None]
-        if sent:
-            context.add_done_callback(lambda _: [reply_sent() for reply_sent in sent])
-        # Joined once: a reply may carry the whole member map.
-        return b"".join(piece for pieces, _ in answered for piece in pieces)
+        answers, sent = await self._join_all(request.joins)
+        _when_sent(context, sent)
+        # Each answer is field 1 of the response: a JoinAnswer holding the join's reply (its
+        # field 1), or its error. Joined once: a reply may carry the whole member map.
+        pieces: list[bytes] = []
+        for answer in answers:
+            if isinstance(answer, RendezvousError):
+                self._metrics.rpc_done("Join", answer.code.name)
+                error = pb.JoinAnswer(code=answer.code.value[0], message=answer.message,
+                                      reason=answer.reason).SerializeToString()
+                pieces += (_field_prefix(1, len(error)), error)
+                continue
+            self._metrics.rpc_done("Join", "OK")
+            head, tail = answer
+            reply = _field_prefix(1, len(head) + len(tail))
+            pieces += (_field_prefix(1, len(reply) + len(head) + len(tail)), reply, head, tail)
+        return b"".join(pieces)
 
-    async def _join_answer(self, request: pb.JoinRequest
-                           ) -> tuple[tuple[bytes, ...], Callable[[], None] | None]:
-        """One JoinMany entry as field 1 of the response, in pieces: a JoinAnswer holding the
-        join's reply (its field 1), or its error; and what to call once it has been sent."""
-        try:
-            head, tail, reply_sent = await self._join(request)
-        except RendezvousError as e:
-            self._metrics.rpc_done("Join", e.code.name)
-            answer = pb.JoinAnswer(code=e.code.value[0], message=e.message,
-                                   reason=e.reason).SerializeToString()
-            return (_field_prefix(1, len(answer)), answer), None
-        self._metrics.rpc_done("Join", "OK")
-        reply = _field_prefix(1, len(head) + len(tail))
-        return (_field_prefix(1, len(reply) + len(head) + len(tail)), reply, head, tail), reply_sent
+    async def _join_all(self, requests: Sequence[pb.JoinRequest]
+                        ) -> tuple[list[tuple[bytes, bytes] | RendezvousError],
+                                   list[Callable[[], None]]]:
+        """Each join's serialized reply in two pieces (its head, the membership) or its error,
+        in order, and what to call once the replies have been sent. The joins of one run are
+        joined together (Run.join_many); registrations each on their own."""
+        answers: list[tuple[bytes, bytes] | RendezvousError | None] = [None] * len(requests)
+        batches: dict[Run, list[int]] = {}
+        registrations = []
+        for index, request in enumerate(requests):
+            try:
+                run = await self._run_for_join(request)
+            except RendezvousError as e:
+                answers[index] = e
+                continue
+            if request.register_only:
+                registrations.append(self._register(run, requests, index, answers))
+            else:
+                batches.setdefault(run, []).append(index)
+        sent: list[Callable[[], None]] = []
+        await asyncio.gather(*registrations, *(
+            self._join_batch(run, requests, indices, answers, sent)
+            for run, indices in batches.items()))
+        return answers, sent  # type: ignore[return-value]  # every request has its answer
 
-    async def _join(self, request: pb.JoinRequest
-                    ) -> tuple[bytes, bytes, Callable[[], None] | None]:
-        """A join's serialized reply in two pieces (its head, the membership), and what to call
-        once it has been sent (None: nothing)."""
+    async def _run_for_join(self, request: pb.JoinRequest) -> Run:
+        """Checks a join and returns its run, created by a first join."""
         _check_run_id(request.run_id)
         _check_address(request.address)
         _check_text("nonce", request.nonce, MAX_NONCE)
@@ -299,20 +321,42 @@ class RendezvousService:
         if not request.HasField("node_id"):
             run.start_afresh_if_ended(request.min_nodes, request.max_nodes)
         run.check_config(request.min_nodes, request.max_nodes)
-        if request.register_only:
+        return run
+
+    async def _register(self, run: Run, requests: Sequence[pb.JoinRequest], index: int,
+                        answers: list) -> None:
+        request = requests[index]
+        try:
             node_id = await run.register(request.address, request.nonce)
-            return (pb.JoinResponse(node_id=node_id).SerializeToString(),
-                    self._join_tail(run, request), None)
-        node_id = request.node_id if request.HasField("node_id") else None
-        membership = await run.join(request.address, node_id, request.last_generation,
-                                    request.nonce, request.timeout_s)
-        reply_sent = run.hold_while_answering(membership.node_id, newcomer=node_id is None)
-        # run.join returned the run's current membership, which is what _join_tail encodes.
-        return (pb.JoinResponse(node_id=membership.node_id,
-                                taken_back_after=membership.taken_back_after,
-                                heartbeat_interval_s=run.ask_interval(membership.node_id)
-                                ).SerializeToString(),
-                self._join_tail(run, request), reply_sent)
+        except RendezvousError as e:
+            answers[index] = e
+            return
+        answers[index] = (pb.JoinResponse(node_id=node_id).SerializeToString(),
+                          self._join_tail(run, request))
+
+    async def _join_batch(self, run: Run, requests: Sequence[pb.JoinRequest],
+                          indices: list[int], answers: list,
+                          sent: list[Callable[[], None]]) -> None:
+        """The joins ``indices`` of ``requests``, all of ``run``, joined together."""
+        batch = [requests[index] for index in indices]
+        joined = await run.join_many([
+            JoinEntry(r.address, r.node_id if r.HasField("node_id") else None,
+                      r.last_generation, r.nonce, r.timeout_s) for r in batch])
+        held = []
+        for index, request, answer in zip(indices, batch, joined):
+            if isinstance(answer, RendezvousError):
+                answers[index] = answer
+                continue
+            node_id = answer.node_id
+            held.append((node_id, not request.HasField("node_id")))
+            # The run's current membership, which is what _join_tail encodes.
+            answers[index] = (pb.JoinResponse(node_id=node_id,
+                                              taken_back_after=answer.taken_back_after,
+                                              heartbeat_interval_s=run.ask_interval(node_id)
+                                              ).SerializeToString(),
+                              self._join_tail(run, request))
+        if held:
+            sent.append(run.hold_while_answering(held))
 
     @_rpc
     async def Heartbeat(self, request: pb.HeartbeatRequest, context: Any) -> pb.HeartbeatResponse:
@@ -471,6 +515,12 @@ def _heartbeat_reply(info: HeartbeatInfo) -> pb.HeartbeatResponse:
     return pb.HeartbeatResponse(generation=info.generation, state=pb.RunState.Value(info.state),
                                 waiting=info.waiting, removed=info.removed, member=info.member,
                                 queued=info.queued)
+
+
+def _when_sent(context: Any, sent: list[Callable[[], None]]) -> None:
+    """Calls each of ``sent`` once the call's reply has been sent (or the call ended)."""
+    if sent:
+        context.add_done_callback(lambda _: [reply_sent() for reply_sent in sent])
 
 
 def _field_prefix(number: int, size: int) -> bytes:

@@ -29,6 +29,18 @@ class Phase(str, enum.Enum):
 
 
 @dataclasses.dataclass(frozen=True)
+class JoinEntry:
+    """One node's join: ``node_id`` None for a new node, which the run gives an id; the node
+    waits to be a member of a generation newer than ``last_generation``."""
+
+    address: str
+    node_id: int | None
+    last_generation: int
+    nonce: str
+    timeout: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Membership:
     """One generation as a node sees it.
 
