@@ -285,9 +285,12 @@ class RendezvousService:
             else:
                 batches.setdefault(run, []).append(index)
         sent: list[Callable[[], None]] = []
-        await asyncio.gather(*registrations, *(
-            self._join_batch(run, requests, indices, answers, sent)
-            for run, indices in batches.items()))
+        calls = registrations + [self._join_batch(run, requests, indices, answers, sent)
+                                 for run, indices in batches.items()]
+        if len(calls) == 1:
+            await calls[0]  # the usual case: no task to make
+        else:
+            await asyncio.gather(*calls)
         return answers, sent  # type: ignore[return-value]  # every request has its answer
 
     async def _run_for_join(self, request: pb.JoinRequest) -> Run:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import NamedTuple
 
 
 class Phase(str, enum.Enum):
@@ -28,10 +29,10 @@ class Phase(str, enum.Enum):
         return self.value
 
 
-@dataclasses.dataclass(frozen=True)
-class JoinEntry:
+class JoinEntry(NamedTuple):
     """One node's join: ``node_id`` None for a new node, which the run gives an id; the node
-    waits to be a member of a generation newer than ``last_generation``."""
+    waits to be a member of a generation newer than ``last_generation``. A tuple: a formation
+    makes thousands at once."""
 
     address: str
     node_id: int | None
