@@ -318,29 +318,6 @@ class Orchestrator(Process):
 class LauncherProcess(Process):
     """tfelastic-run: the workers' JSON lines arrive prefixed with "[node N] "."""
 
-    def _fork(self, fork_server, argv: list[str], env: dict[str, str]) -> None:
-        """Forked from `fork_server` (a launch.preloaded.ForkServer), its stdin and stdout on
-        pipes as a subprocess's would be."""
-        from tensorflow_elastic.launch.preloaded import python_program
-        program = python_program(argv)
-        if program is None:
-            raise ValueError(f"not a Python command a fork server runs: {argv}")
-        in_read, in_write = os.pipe()
-        out_read, out_write = os.pipe()
-        try:
-            self.proc = fork_server.spawn(program, env, REPO, {
-                0: in_read, 1: out_write,
-                2: self._stderr.fileno() if self._stderr is not None else 2})
-        except BaseException:
-            os.close(in_write)
-            os.close(out_read)
-            raise
-        finally:
-            os.close(in_read)
-            os.close(out_write)
-        self._stdin = open(in_write, "w")
-        self._stdout = open(out_read)
-
     def _read(self) -> None:
         for line in self._stdout:
             _, _, rest = line.partition("] ")
