@@ -20,8 +20,8 @@ import os, tensorflow_elastic
 assert "site-packages" in tensorflow_elastic.__file__, f"not the installed package: {tensorflow_elastic.__file__}"
 print(f"testing {os.path.dirname(tensorflow_elastic.__file__)}")
 PY
-# The AddressSanitizer tests build an instrumented library from the checkout's sources (minutes):
+# The AddressSanitizer test builds an instrumented library from the checkout's sources (minutes):
 # the main suite runs it once.
 TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-  tests/ops tests/launch/test_kill_and_join.py --ignore tests/ops/test_asan_build.py --deselect \
+  tests/ops tests/launch/test_kill_and_join.py --deselect \
   tests/ops/test_collective_server.py::test_an_update_right_after_aborted_collectives_frees_nothing_they_still_use

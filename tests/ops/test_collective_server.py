@@ -2,8 +2,7 @@
 update must not free what the aborted calls still use (cc/python/collective_server.cc).
 
 The test builds the part of the op library the scenario loads with AddressSanitizer
-(tools/build_ops.py --asan; kept in pytest's cache until cc/ changes, built by
-test_asan_build.py beside the multi-process tests: asan_build.py) and runs the scenario in a process that
+(tools/build_ops.py --asan; kept in pytest's cache until cc/ changes) and runs the scenario in a process that
 preloads the sanitizer's runtime. By hand:
 
     python tools/build_ops.py --asan --out /tmp/asan/_ops.so
@@ -13,6 +12,8 @@ preloads the sanitizer's runtime. By hand:
 
 from __future__ import annotations
 
+import glob
+import hashlib
 import json
 import os
 import subprocess
@@ -20,20 +21,51 @@ import sys
 
 import pytest
 
-from tests.ops import asan_build
+from tools import build_ops
 
 pytestmark = pytest.mark.multiprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 ROUNDS = 10
+# What the scenario loads: the collective server and the Python binding (which also carries the
+# variable snapshots'). The rest of the op library is not built for it: half the build's time.
+ASAN_SOURCES = ("cc/python/*.cc", "cc/kernels/variable_snapshot*.cc", "cc/ops/variable_snapshot_op.cc")
 RECOVERABLE = {"UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError"}
+
+
+def _sources_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(ROOT, "cc", "**", "*"), recursive=True)):
+        if os.path.isfile(path):
+            digest.update(os.path.relpath(path, ROOT).encode())
+            with open(path, "rb") as f:
+                digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 @pytest.fixture(scope="module")
 def asan_library(request, tmp_path_factory) -> tuple[str, str]:
     """(the op library built with AddressSanitizer, what LD_PRELOAD needs to load it)."""
-    return asan_build.library(asan_build.build_dir(request, tmp_path_factory))
+    try:
+        runtime = build_ops.asan_runtime()
+        stdcxx = os.path.realpath(subprocess.run(
+            ["g++", "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip())
+    except build_ops.BuildError as e:
+        pytest.skip(str(e))
+    cache = getattr(request.config, "cache", None)  # none with -p no:cacheprovider
+    where = cache.mkdir("asan-ops") if cache is not None else tmp_path_factory.mktemp("asan-ops")
+    library = os.path.join(str(where), f"_ops-{_sources_digest()}.so")
+    if not os.path.exists(library):
+        import pybind11
+
+        build_ops.build(ROOT, library + ".tmp", build_ops.probe_tensorflow(),
+                        pybind11.get_include(), asan=True, log=lambda message: None,
+                        sources=ASAN_SOURCES)
+        os.replace(library + ".tmp", library)
+    # libstdc++ too: matplotlib's module throws C++ exceptions, which the sanitizer intercepts.
+    return library, f"{runtime} {stdcxx}"
 
 
 def test_an_update_right_after_aborted_collectives_frees_nothing_they_still_use(
