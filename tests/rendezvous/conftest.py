@@ -87,3 +87,14 @@ def nodes_for() -> Iterator[Callable[..., Nodes]]:
         n.close()
 
 
+
+
+class CallContext:
+    """What a Join or JoinMany handler uses of a gRPC context: the callbacks for the call's
+    end."""
+
+    def __init__(self) -> None:
+        self.done: list = []
+
+    def add_done_callback(self, callback) -> None:
+        self.done.append(callback)

@@ -19,6 +19,7 @@ from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.service import RendezvousService
 from tensorflow_elastic.rendezvous.settings import MAX_JOINS_PER_CALL, RunSettings
 from tensorflow_elastic.rendezvous.store import MemoryStore
+from tests.rendezvous.conftest import CallContext
 
 _SETTINGS = RunSettings(heartbeat_timeout=5.0)
 
@@ -145,16 +146,6 @@ def test_an_orchestrator_without_the_batched_call_gets_one_join_per_node(monkeyp
                 c.close()
 
 
-class _Context:
-    """What a JoinMany handler uses of a gRPC context: the callbacks for the call's end."""
-
-    def __init__(self) -> None:
-        self.done: list = []
-
-    def add_done_callback(self, callback) -> None:
-        self.done.append(callback)
-
-
 def test_nodes_joined_in_one_call_are_held_until_their_reply_is_sent_then_their_first_beat(
         monkeypatch):
     monkeypatch.setattr(run_module, "FIRST_BEAT_MAX_S", 0.5)
@@ -163,7 +154,7 @@ def test_nodes_joined_in_one_call_are_held_until_their_reply_is_sent_then_their_
     async def scenario() -> tuple[list[int], list[int], list[int]]:
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
-        context = _Context()
+        context = CallContext()
         await service.JoinMany(pb.JoinManyRequest(joins=[
             _entry(23450 + i, nodes=2, timeout_s=10) for i in range(2)]), context)
         run = service._run("job")  # noqa: SLF001
@@ -194,7 +185,7 @@ def test_a_batch_counts_once_as_join_many_and_each_of_its_joins_as_a_join():
         bad = _entry(23461, nodes=1)
         bad.address = "no-port"
         await service.JoinMany(pb.JoinManyRequest(joins=[_entry(23460, nodes=1), bad]),
-                               _Context())
+                               CallContext())
         await service.close()
 
     asyncio.run(scenario())

@@ -21,6 +21,7 @@ from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.service import RendezvousService
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MemoryStore
+from tests.rendezvous.conftest import CallContext
 
 
 def _join(stub, port: int, **fields) -> pb.JoinResponse:
@@ -88,20 +89,10 @@ def test_a_client_joining_without_members_keeps_no_map_and_watches_get_the_whole
             c.close()
 
 
-class _Context:
-    """What a Join handler uses of a gRPC context: the callbacks for the call's end."""
-
-    def __init__(self) -> None:
-        self.done: list = []
-
-    def add_done_callback(self, callback) -> None:
-        self.done.append(callback)
-
-
 async def _joined_at_once(service: RendezvousService, count: int, min_nodes: int,
                           max_nodes: int) -> list[pb.JoinResponse]:
     """``count`` newcomers join together; their replies, each noted as sent."""
-    contexts = [_Context() for _ in range(count)]
+    contexts = [CallContext() for _ in range(count)]
     replies = await asyncio.gather(*(service.Join(pb.JoinRequest(
         run_id="job", address=f"127.0.0.1:{23270 + i}", min_nodes=min_nodes,
         max_nodes=max_nodes, nonce=f"n{i}", timeout_s=10), context)
@@ -118,7 +109,7 @@ def test_a_newcomers_silence_starts_at_its_first_beat_after_its_reply_was_sent()
     async def scenario() -> tuple[list[int], list[int], list[int], list[int]]:
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
-        contexts = [_Context(), _Context()]
+        contexts = [CallContext(), CallContext()]
         await asyncio.gather(*(service.Join(pb.JoinRequest(
             run_id="job", address=f"127.0.0.1:{23200 + i}", min_nodes=2, max_nodes=2,
             nonce=f"n{i}", timeout_s=10), context) for i, context in enumerate(contexts)))
@@ -154,7 +145,7 @@ def test_a_newcomer_that_never_beats_after_its_reply_is_removed_after_a_bounded_
     async def scenario() -> tuple[list[int], list[int]]:
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
-        context = _Context()
+        context = CallContext()
         await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23250", min_nodes=1,
                                           max_nodes=1, nonce="n", timeout_s=10), context)
         for callback in context.done:
@@ -182,7 +173,7 @@ def test_a_newcomer_s_first_beat_ends_every_hold_on_it(monkeypatch, joins, beat_
     async def scenario() -> list[int]:
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
-        contexts = [_Context() for _ in range(joins)]
+        contexts = [CallContext() for _ in range(joins)]
         for context in contexts:
             await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23255",
                                               min_nodes=1, max_nodes=1, nonce="n", timeout_s=10),
@@ -219,7 +210,7 @@ def test_a_member_that_joins_again_after_the_run_shrank_is_judged_by_the_beats_i
             run.heartbeat(node, 1)
         for node in (1, 2, 3):
             await run.report_failure(node, 1, [node], "killed")
-        context = _Context()
+        context = CallContext()
         again = pb.JoinResponse.FromString(await service.Join(pb.JoinRequest(
             run_id="job", node_id=0, address="127.0.0.1:23270", min_nodes=1, max_nodes=4,
             last_generation=1, timeout_s=10), context))
@@ -289,7 +280,7 @@ def test_a_reply_that_never_goes_out_keeps_its_node_alive_for_a_bounded_time(mon
         service = RendezvousService(settings, MemoryStore(), EventLog(None), Metrics())
         await service.load()
         await service.Join(pb.JoinRequest(run_id="job", address="127.0.0.1:23300", min_nodes=1,
-                                          max_nodes=1, nonce="n", timeout_s=10), _Context())
+                                          max_nodes=1, nonce="n", timeout_s=10), CallContext())
         await asyncio.sleep(1.5)  # its peer never reads the reply
         members = sorted(service._run("job").membership().members)  # noqa: SLF001
         await service.close()
