@@ -16,8 +16,9 @@ runs. For each repeat it runs, with --workers local worker processes on 127.0.0.
   sets, timed against the first the same way (an A/A ratio: how far from 1 the
   machine's noise alone puts it); also each worker's peak RSS (VmHWM) and the
   median time of an elastic commit;
-* crash: SIGKILL to one worker; time to the first step of the new generation
-  on the survivors, and steps lost (redone);
+* crash: SIGKILL to one worker; time to the end of the first step of the new
+  generation on the survivors (the step in flight is lost and done again: the
+  figure holds one whole step), and steps lost (redone); with --trace, in phases;
 * growth: start with workers-1, add one; the longest step gap on existing members
   (and where it went: to the new generation's start, then the sync and the first
   step), the newcomer's state sync (its state_synced event: bytes and seconds) as a
@@ -258,8 +259,12 @@ def disruption(kind: str, workers: int, model: str, tmp: str, repeat: int,
         first_new = min(r["t"] for p in survivors for r in p.records
                         if r["generation"] > generation)
         pause = max(max(step_gaps(p.records, t0)) for p in survivors)
+        phases = {}
+        if trace and kind == "crash":
+            phases = crash_phases(survivors, t0, generation)
+            print(crash_trace(survivors, t0), flush=True)
         return {"recovery_s": first_new - t0, "pause_s": pause,
-                "lost_steps": _lost_steps(survivors, events_file)}
+                "lost_steps": _lost_steps(survivors, events_file), **phases}
     finally:
         for p in group:
             p.stop()
@@ -295,6 +300,49 @@ def growth_trace(existing: list[Process], newcomer: Process, since: float) -> st
         [r["t"] for r in p.records if r["t"] <= last][-20:]))
     return (f"growth stages (ms after the members' last step before it; their steps before it: "
             f"{before * 1e3:.0f} ms):\n" + "\n".join(rows))
+
+
+def crash_trace(survivors: list[Process], killed: float) -> str:
+    """With --trace: each survivor's stages of a crash's recovery, in ms after the kill."""
+    rows = []
+    for p in survivors:
+        before = max(r["t"] for r in p.records if r["t"] < killed)
+        stages = [f"{name} {(t - killed) * 1e3:.0f}" for kind, name, t in timed_lines(p)
+                  if kind == "trace" and t > killed]
+        first = min(r["t"] for r in p.records if r["t"] > killed)
+        rows.append(f"  member {p.records[-1]['node']}: last step ended "
+                    f"{(before - killed) * 1e3:.0f}, " + ", ".join(stages)
+                    + f", first step {(first - killed) * 1e3:.0f}")
+    return "crash stages (ms after the kill):\n" + "\n".join(rows)
+
+
+def crash_phases(survivors: list[Process], killed: float, generation: int) -> dict:
+    """With --trace: where a crash's recovery went, from the kill to the end of the first step of
+    the new generation, on the survivor that ended that step first: detection (the kill to the
+    failed step's error reaching the loop), going back (the failure reported, the last commit
+    restored), re-form (the join, the server update, the new generation's barrier), the state
+    sync, and the first step; and the steps' own time (the median gap) before the kill and after
+    the first step of the new generation."""
+    def first_step(p):
+        return min(r["t"] for r in p.records if r["generation"] > generation)
+
+    p = min(survivors, key=first_step)
+    traces = [(name, t) for kind, name, t in timed_lines(p) if kind == "trace" and t > killed]
+
+    def first(name, after=killed):
+        return min(t for n, t in traces if n == name and t >= after)
+
+    detected = first("_recover:in")
+    restored = first("restore", detected)
+    synced = first("sync", restored)
+    formed = max(t for n, t in traces if n == "synchronize" and restored <= t <= synced)
+    steps = [r["t"] for r in p.records if r["t"] < killed][-11:]
+    after = [r["t"] for r in p.records if r["generation"] > generation]
+    return {"crash_detect_s": detected - killed, "crash_go_back_s": restored - detected,
+            "crash_reform_s": formed - restored, "crash_sync_s": synced - formed,
+            "crash_first_step_s": first_step(p) - synced,
+            "crash_step_before_s": statistics.median(gaps(steps)),
+            "crash_step_after_s": statistics.median(gaps(after))}
 
 
 def _marks(worker: Process) -> dict[str, float]:
@@ -431,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                         "starting a fresh Python")
     parser.add_argument("--trace", action="store_true",
                         help="growth: print when each stage of the change returned on every "
-                        "worker (join, barriers, exchange, regroup, sync, broadcast)")
+                        "worker (join, barriers, exchange, regroup, sync, broadcast); crash: "
+                        "the same on the survivors, and the recovery in phases (detection, "
+                        "going back, re-form, state sync, first step)")
     args = parser.parse_args(argv)
     if args.workers < 2:
         parser.error("--workers must be at least 2")
@@ -513,6 +563,17 @@ def _report(args: argparse.Namespace, results: dict[str, list]) -> None:
                                                  results["elastic_rss_mb"])]),
             ("commit (ms)", [x * 1e3 for x in results["commit_s"]]),
             ("crash recovery (s)", [r["recovery_s"] for r in results["crash"]]),
+            ("  detection (s)", [r["crash_detect_s"] for r in results["crash"] if args.trace]),
+            ("  go back (report, restore) (s)", [r["crash_go_back_s"] for r in results["crash"]
+                                                 if args.trace]),
+            ("  re-form (s)", [r["crash_reform_s"] for r in results["crash"] if args.trace]),
+            ("  state sync (s)", [r["crash_sync_s"] for r in results["crash"] if args.trace]),
+            ("  first step (s)", [r["crash_first_step_s"] for r in results["crash"]
+                                  if args.trace]),
+            ("  a step before the crash (s)", [r["crash_step_before_s"] for r in results["crash"]
+                                               if args.trace]),
+            ("  a step after the first (s)", [r["crash_step_after_s"] for r in results["crash"]
+                                              if args.trace]),
             ("growth pause (s)", [r["pause_s"] for r in results["growth"]]),
             ("leave pause (s)", [r["pause_s"] for r in results["leave"]]),
             ("newcomer's sync (s)", [r["sync_s"] for r in results["growth"]]),

@@ -18,7 +18,8 @@ the package), built (joined or registered, strategy and model), warmed (a
 newcomer's warm-up step, run before it joins), prepared (its receiving side of the
 state sync built, just before it asks to join), and with --hold_before_join held (warmed
 up and its receiving side built, it waits for a line on stdin before it asks to join); with
---trace, "trace NAME TIME" lines too.
+--trace, "trace NAME TIME" lines too (and "trace _recover:in TIME" when a failed step's
+error reaches the loop).
 """
 
 import argparse
@@ -70,11 +71,14 @@ def mark(name):
 
 mark("imported")
 
-def traced(owner, name):
-    """Prints "trace NAME TIME" whenever `owner.name` returns or raises."""
+def traced(owner, name, entry=False):
+    """Prints "trace NAME TIME" whenever `owner.name` returns or raises (with `entry`, also
+    "trace NAME:in TIME" when it is called)."""
     inner = getattr(owner, name)
 
     def wrapper(*a, **k):
+        if entry:
+            print(f"trace {name}:in {time.time()}", flush=True)
         try:
             return inner(*a, **k)
         finally:
@@ -99,9 +103,12 @@ if args.mode == "elastic":
     if args.trace:
         for owner, names in ((runtime.session.client, ("join", "barrier", "synchronize")),
                              (strategy.extended, ("regroup", "broadcast_variables")),
-                             (tfe.TensorFlowState, ("sync",))):
+                             (tfe.TensorFlowState, ("sync", "restore")),
+                             (runtime, ("report_failure",))):
             for name in names:
                 traced(owner, name)
+        # A crash's detection: when the failed step's error reaches the loop.
+        traced(runtime, "_recover", entry=True)
 else:
     runtime = None
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
