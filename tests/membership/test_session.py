@@ -324,3 +324,37 @@ def test_a_failure_to_act_on_a_generation_s_end_leaves_the_watch_running(caplog)
     session._watch()
     assert lost == [8, 9]  # the second end still aborted what was left
     assert "a bug in the abort" in caplog.text
+
+
+class _JoinClient:
+    """Records joins; a join returns generation 9 with nodes 0 and 1."""
+
+    node_id = 0
+
+    def __init__(self, watched):
+        self.joins = []
+        self.watched = watched
+
+    def watch(self):
+        return iter(self.watched)
+
+    def join(self, address, min_nodes, max_nodes, timeout):
+        self.joins.append(address)
+        return Membership(0, 9, {0: "a", 1: "b"}, 0)
+
+
+@pytest.mark.parametrize("watched_members, joins", [({0: "a", 2: "c"}, 0), ({2: "c"}, 1)])
+def test_a_member_takes_a_watched_generation_it_belongs_to_without_joining(watched_members,
+                                                                           joins):
+    session = MembershipSession(_UnusedClient(), "127.0.0.1:1", NodeBounds(1, 4))
+    session.client = _JoinClient([MembershipUpdate(Membership(None, 8, watched_members, 0),
+                                                   Phase.ACTIVE, 0, "lost [1]")])
+    session.membership = Membership(0, 7, {0: "a", 1: "b", 2: "c"}, 0)
+    session.phases.move(WorkerPhase.MEMBER, "joined generation 7")
+    session._on_peers_lost = lambda reason, live_from: None
+    session._watch()
+    membership = session.join_next_generation()
+    assert len(session.client.joins) == joins
+    # A member of the watched generation goes on in it; a node it left out joins.
+    assert (membership.node_id, membership.generation) == (0, 8 if joins == 0 else 9)
+    assert membership.rank == 0
