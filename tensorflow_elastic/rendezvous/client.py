@@ -499,6 +499,10 @@ def _join_batch(clients: Sequence[Client], timeout: float) -> list[Membership | 
         with ThreadPoolExecutor(len(clients)) as pool:
             return list(pool.map(lambda k: _join_alone(clients[k], nonces[k], deadline, k == 0),
                                  range(len(clients))))
+    if len(response.answers) != len(clients):
+        raise RendezvousError(f"the orchestrator answered {len(response.answers)} of the "
+                              f"{len(clients)} joins of a JoinMany call (one answer per join is "
+                              f"its protocol): run an orchestrator of this package's version")
     results: list[Membership | RendezvousError] = []
     for k, (client, answer) in enumerate(zip(clients, response.answers)):
         if answer.HasField("reply"):
