@@ -234,6 +234,7 @@ class MembershipSession:
                 # The orchestrator formed it without this node's join (a member was lost) and
                 # the watch told so: joining would only ask for what is known. Its barrier
                 # tells the orchestrator that this node knows it.
+                self.client.follow(watched)
                 self.membership = watched
                 break
             try:

@@ -223,6 +223,14 @@ class Client:
         raise RendezvousError("the orchestrator sent a delta of the member map to a join "
                               "that named no map")
 
+    def follow(self, membership: Membership) -> None:
+        """This node is a member of ``membership``, which its watch delivered (no join): its
+        calls (heartbeats, barriers, reports) now name that generation."""
+        if membership.node_id != self.node_id or membership.node_id not in membership.members:
+            raise ValueError(f"node {self.node_id} is not a member of generation "
+                             f"{membership.generation}")
+        self.generation = max(self.generation, membership.generation)
+
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
         """Gets this node's permanent id without joining yet; returns at once.
 

@@ -1,6 +1,7 @@
 """The membership session's protocol: checks with a stand-in client, and with an embedded
 orchestrator where the session must react to what the orchestrator did."""
 
+import threading
 import time
 
 import pytest
@@ -333,7 +334,11 @@ class _JoinClient:
 
     def __init__(self, watched):
         self.joins = []
+        self.followed = []
         self.watched = watched
+
+    def follow(self, membership):
+        self.followed.append(membership.generation)
 
     def watch(self):
         return iter(self.watched)
@@ -355,6 +360,42 @@ def test_a_member_takes_a_watched_generation_it_belongs_to_without_joining(watch
     session._watch()
     membership = session.join_next_generation()
     assert len(session.client.joins) == joins
+    # Its calls name the generation it follows.
+    assert session.client.followed == ([8] if joins == 0 else [])
     # A member of the watched generation goes on in it; a node it left out joins.
     assert (membership.node_id, membership.generation) == (0, 8 if joins == 0 else 9)
     assert membership.rank == 0
+
+
+def test_a_survivor_its_watch_told_of_the_next_generation_re_forms_without_a_join():
+    settings = RunSettings(last_call=1.0)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server, \
+            Client(server.endpoint, "job") as other:
+        lost = []
+        session = MembershipSession(Client(server.endpoint, "job"), "127.0.0.1:20001",
+                                    NodeBounds(1, 2),
+                                    on_peers_lost=lambda reason, generation: lost.append(generation))
+        joined = threading.Thread(target=other.join, args=("127.0.0.1:20002", 1, 2, 30.0))
+        joined.start()
+        try:
+            session.start()
+            joined.join(30)
+            session.start_watching()
+            assert session.membership.world_size == 2
+            generation = session.generation
+            other.report_death(other.node_id, "killed")
+            deadline = time.monotonic() + 20
+            while generation + 1 not in lost and time.monotonic() < deadline:
+                time.sleep(0.02)
+            joins = []
+            join = session.client.join
+            session.client.join = lambda *a, **k: joins.append(a) or join(*a, **k)
+            membership = session.join_next_generation()
+            assert joins == []
+            assert (membership.generation, set(membership.members)) == (generation + 1,
+                                                                          {session.node_id})
+            # Its calls name the new generation: the barrier passes, the heartbeat is a member's.
+            assert session.start_generation(membership, b"m") == {session.node_id: b"m"}
+            assert session.client.heartbeat().member
+        finally:
+            session.close()
