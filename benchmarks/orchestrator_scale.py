@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=100,
                         help="simulated nodes (default: %(default)s)")
     parser.add_argument("--processes", type=int, default=0,
-                        help="client processes (default: 1 per 250 nodes, at most 4)")
+                        help="client processes (default: 1 per 250 nodes, at most 8)")
     parser.add_argument("--heartbeat_interval", type=float, default=HEARTBEAT_INTERVAL_S,
                         help="seconds between two heartbeats of a node; the orchestrator of a "
                              "large run asks for a longer one in its join replies, and the nodes "
