@@ -253,7 +253,7 @@ class RendezvousService:
         # Each answer is field 1 of the response: a JoinAnswer holding the join's reply (its
         # field 1), or its error. Joined once: a reply may carry the whole member map.
         pieces: list[bytes] = []
-        joined = 0
+        succeeded = 0
         for answer in answers:
             if isinstance(answer, RendezvousError):
                 self._metrics.rpc_done("Join", answer.code.name)
@@ -261,11 +261,12 @@ class RendezvousService:
                                       reason=answer.reason).SerializeToString()
                 pieces += (_field_prefix(1, len(error)), error)
                 continue
-            joined += 1
+            succeeded += 1
             head, tail = answer
             reply = _field_prefix(1, len(head) + len(tail))
             pieces += (_field_prefix(1, len(reply) + len(head) + len(tail)), reply, head, tail)
-        self._metrics.rpc_done("Join", "OK", joined)
+        if succeeded:
+            self._metrics.rpc_done("Join", "OK", succeeded)
         return b"".join(pieces)
 
     async def _join_all(self, requests: Sequence[pb.JoinRequest]
