@@ -89,7 +89,8 @@ class ChaosJob(Job):
     def __init__(self, tmp: str, args: argparse.Namespace, hosts=None):
         super().__init__()
         if args.trace:
-            self.env["TF_CPP_MIN_LOG_LEVEL"] = "1"  # the logs show TensorFlow's aborts
+            # The logs show TensorFlow's aborts (TF_CPP_MIN_LOG_LEVEL=0 and TF_CPP_VMODULE: more).
+            self.env["TF_CPP_MIN_LOG_LEVEL"] = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1")
         self.control = os.path.join(tmp, "control")
         os.makedirs(self.control)
         self.events = EventTail(os.path.join(tmp, "events.jsonl"))

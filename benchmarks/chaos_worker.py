@@ -199,11 +199,14 @@ def traced_collections() -> None:
     gc.callbacks.append(timer)
 
 
-def traced(owner, name: str) -> None:
-    """Prints a trace line whenever `owner.name` returns or raises."""
+def traced(owner, name: str, entered: str | None = None) -> None:
+    """Prints a trace line whenever `owner.name` returns or raises (and, given `entered`, one
+    named so when it is called)."""
     inner = getattr(owner, name)
 
     def wrapper(*a, **k):
+        if entered:
+            mark(entered)
         try:
             return inner(*a, **k)
         finally:
@@ -272,13 +275,20 @@ if args.trace:
                          (ChaosState, ("restore", "sync"))):
         for name in names:
             traced(owner, name)
+    # A step's (a Keras batch's) error reaches the recovery: the step raised.
+    traced(runtime, "recover_in_step", entered="step_raised")
+    if not workload.custom_loop:
+        traced(tfe.keras.ElasticCallback, "_recover")  # the input set back: the batch runs again
     traced_abort()
     traced_collections()
 
 if not workload.custom_loop:
+    # The input is built once, before training, as docs/keras.md builds it: each `fit` call
+    # (the first one, and one after a recovery outside `fit`) only distributes it.
+    examples = workload.dataset(KERAS_STEPS * args.global_batch)
     # A newcomer runs a step of fit alone before it joins: the members do not wait for its
     # first run of the train function.
-    tfe.keras.warm_up(workload.model, workload.dataset(args.global_batch))
+    tfe.keras.warm_up(workload.model, examples)
 
 
 @tfe.run
@@ -300,7 +310,7 @@ def train(state):
         if args.trace:
             mark("fit")
             faulthandler.dump_traceback_later(STACKS_AFTER_S)
-        workload.model.fit(workload.dataset(KERAS_STEPS * args.global_batch), epochs=1,
+        workload.model.fit(examples, epochs=1,
                            verbose=0, callbacks=[tfe.keras.ElasticCallback(state), Driven()])
 
 

@@ -426,6 +426,11 @@ absl::Status AbortCollectives(TFE_Context* context, const absl::Status& reason) 
 }
 
 absl::Status CheckPeerHealth(TFE_Context* context, const std::string& task, int64_t timeout_ms) {
+  // TensorFlow reads a timeout of 0 as no bound: the wait below would have none either.
+  if (timeout_ms <= 0) {
+    return absl::InvalidArgumentError("timeout_ms=" + std::to_string(timeout_ms) +
+                                      ": a peer's probe needs a bound above 0 milliseconds");
+  }
   if (context == nullptr) return absl::InvalidArgumentError("no eager context");
   std::unique_ptr<CollectiveExecutor::Handle> handle =
       tensorflow::ContextFromInterface(tensorflow::unwrap(context))->GetCollectiveExecutorHandle();

@@ -42,8 +42,8 @@ absl::Status UpdateCollectiveServer(TFE_Context* context,
 // next update) with `reason`.
 absl::Status AbortCollectives(TFE_Context* context, const absl::Status& reason);
 
-// OK when `task`'s server answers within `timeout_ms` (above 0: TensorFlow takes
-// 0 for no bound); else why not. Call it from the thread that updates the
+// OK when `task`'s server answers within `timeout_ms` (InvalidArgument unless above 0:
+// TensorFlow takes 0 for no bound); else why not. Call it from the thread that updates the
 // server: the probe uses the executors of the server's current membership.
 absl::Status CheckPeerHealth(TFE_Context* context, const std::string& task, int64_t timeout_ms);
 

@@ -11,8 +11,9 @@ streams, and runs its program as ``__main__`` (runpy), then exits as the interpr
 (threads joined, exit handlers run). What a process reads only at its start or at import (the
 interpreter's, the C library's, TensorFlow's logging variables) cannot change after the fork: a
 worker whose environment differs from the server's there is refused, and the agent starts it
-as a fresh process. The server reaps its workers and reports each exit; it ends when the agent
-closes its end of the socket.
+as a fresh process. The server reports each worker's exit and reaps the worker once the agent
+has heard of it; it ends when the agent closes its end of the socket. It needs pidfds (Linux
+5.3 and later): without them it says so and exits, and the workers start as fresh processes.
 """
 
 from __future__ import annotations
@@ -85,8 +86,11 @@ def settle() -> None:
 
 
 def serve(connection: socket.socket) -> None:
-    """Forks a worker for each request and reports each exit, until the agent hangs up."""
-    children: dict[int, int] = {}  # pidfd -> pid
+    """Forks a worker for each request and reports each exit, until the agent hangs up. An
+    exited worker is reaped only when the agent says it heard of the exit: until then its pid
+    is not free, so no signal the agent sends meanwhile can reach another process."""
+    children: dict[int, int] = {}  # pidfd -> pid, of the running workers
+    exited: set[int] = set()  # reported, not yet reaped
     poller = select.poll()
     poller.register(connection.fileno(), select.POLLIN)
     while True:
@@ -94,16 +98,23 @@ def serve(connection: socket.socket) -> None:
             if fd != connection.fileno():
                 pid = children.pop(fd)
                 poller.unregister(fd)
+                result = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOWAIT)
                 os.close(fd)
-                _, status = os.waitpid(pid, 0)
+                exited.add(pid)
                 _send(connection, pb.ServerMessage(exited=pb.Exited(
-                    pid=pid, returncode=os.waitstatus_to_exitcode(status))))
+                    pid=pid, returncode=_returncode(result))))
                 continue
             data, descriptors, _, _ = socket.recv_fds(connection, MAX_MESSAGE_BYTES,
                                                       MAX_DESCRIPTORS)
             if not data:
                 return
-            request = pb.ForkRequest.FromString(data)
+            message = pb.AgentMessage.FromString(data)
+            if message.WhichOneof("kind") == "reap":
+                if message.reap.pid in exited:
+                    exited.remove(message.reap.pid)
+                    os.waitpid(message.reap.pid, 0)
+                continue
+            request = message.fork
             try:
                 pid = _fork(connection, request, descriptors)
             except Exception as e:  # noqa: BLE001 - the agent starts it fresh instead
@@ -113,10 +124,34 @@ def serve(connection: socket.socket) -> None:
             finally:
                 for descriptor in descriptors:
                     os.close(descriptor)
-            pidfd = os.pidfd_open(pid)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError as e:  # a worker no one could reap or report: it must not run
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                _send(connection, pb.ServerMessage(refused=pb.Refused(
+                    id=request.id, reason=f"the fork server cannot watch its worker: {e}")))
+                continue
             children[pidfd] = pid
             poller.register(pidfd, select.POLLIN)
             _send(connection, pb.ServerMessage(started=pb.Started(id=request.id, pid=pid)))
+
+
+def _returncode(result: os.waitid_result) -> int:
+    """A child's exit as subprocess reports it (-N: killed by signal N)."""
+    if result.si_code == os.CLD_EXITED:
+        return result.si_status
+    return -result.si_status
+
+
+def check_pidfds() -> None:
+    """The server watches its workers through pidfds (Linux 5.3 and later)."""
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except (OSError, AttributeError) as e:
+        raise RuntimeError(f"the fork server needs pidfd_open (Linux 5.3 or later; this kernel "
+                           f"is {os.uname().release}): {e}; run the workers without "
+                           f"--fork_server") from None
 
 
 def _fork(connection: socket.socket, request: pb.ForkRequest, descriptors: list[int]) -> int:
@@ -263,7 +298,13 @@ def main(argv: list[str] | None = None) -> int:
     # What the imports made lives as long as a worker: its collections need not walk it (and
     # so touch, and copy, every page of it).
     gc.freeze()
-    settle()
+    try:
+        settle()
+        check_pidfds()
+    except RuntimeError as e:
+        print(f"fork server: {e}", file=sys.stderr)
+        _send(connection, pb.ServerMessage(unable=pb.Unable(reason=str(e))))
+        return 1
     try:
         _send(connection, pb.ServerMessage(ready=pb.Ready(pid=os.getpid())))
         serve(connection)

@@ -85,11 +85,7 @@ class WorkerProcess:
 
     def signal(self, sig: int) -> None:
         """Sends ``sig`` to the worker itself (not its children), if it still runs."""
-        if self.proc.poll() is None:
-            try:
-                os.kill(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
+        self.proc.send_signal(sig)
 
     def stop(self, grace: float) -> int:
         """SIGTERM, then SIGKILL to the whole session after ``grace`` seconds; returns the exit code."""
@@ -101,10 +97,13 @@ class WorkerProcess:
         return self.wait_output()
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            self.signal(signal.SIGKILL)
+        if isinstance(self.proc, preloaded.ForkedProcess):
+            self.proc.kill_session()  # not between its exit's report and its reaping
+        else:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                self.signal(signal.SIGKILL)
         self.proc.wait()
 
     def wait_output(self, timeout: float = 5.0) -> int:

@@ -114,6 +114,8 @@ class MembershipSession:
         self._waiting = 0
         self._leave_requested = threading.Event()
         self._generation_ended = threading.Event()
+        # The newest active generation the watch stream delivered (its node_id is None).
+        self._watched: Membership | None = None
         self._watch_thread: threading.Thread | None = None
         # Training returned here (finish()): this node's part of the job is done.
         self.finished = False
@@ -227,6 +229,14 @@ class MembershipSession:
         first = self.membership is None or self.standby
         deadline = time.monotonic() + self.join_timeout
         while True:
+            watched = None if first else self._watched_member_of_newer()
+            if watched is not None:
+                # The orchestrator formed it without this node's join (a member was lost) and
+                # the watch told so: joining would only ask for what is known. Its barrier
+                # tells the orchestrator that this node knows it.
+                self.client.follow(watched)
+                self.membership = watched
+                break
             try:
                 self.membership = self.client.join(self.address, self.bounds.min_nodes,
                                                    self.bounds.max_nodes,
@@ -258,6 +268,17 @@ class MembershipSession:
                                members=sorted(self.membership.members),
                                world_size=self.membership.world_size)
         return self.membership
+
+    def _watched_member_of_newer(self) -> Membership | None:
+        """The newest generation the watch delivered, when it is newer than this node's and has
+        it as a member (a node that was removed and lives on joins instead: the join tells it
+        why it was removed)."""
+        watched = self._watched
+        if (watched is None or self.membership is None or self.absence is not None
+                or watched.generation <= self.membership.generation
+                or self.node_id not in watched.members):
+            return None
+        return dataclasses.replace(watched, node_id=self.node_id)
 
     # ---------------------------------------------------------------- re-forming
 
@@ -568,6 +589,8 @@ class MembershipSession:
         try:
             for update in self.client.watch():
                 self._waiting = update.waiting
+                if update.state == Phase.ACTIVE:
+                    self._watched = update.membership
                 if update.state == Phase.FAILED:
                     self._note_generation_ended(f"run failed: {update.reason}", None)
                     self._fail(update.reason)

@@ -223,6 +223,14 @@ class Client:
         raise RendezvousError("the orchestrator sent a delta of the member map to a join "
                               "that named no map")
 
+    def follow(self, membership: Membership) -> None:
+        """This node is a member of ``membership``, which its watch delivered (no join): its
+        calls (heartbeats, barriers, reports) now name that generation."""
+        if membership.node_id != self.node_id or membership.node_id not in membership.members:
+            raise ValueError(f"node {self.node_id} is not a member of generation "
+                             f"{membership.generation}")
+        self.generation = max(self.generation, membership.generation)
+
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
         """Gets this node's permanent id without joining yet; returns at once.
 
@@ -499,6 +507,10 @@ def _join_batch(clients: Sequence[Client], timeout: float) -> list[Membership | 
         with ThreadPoolExecutor(len(clients)) as pool:
             return list(pool.map(lambda k: _join_alone(clients[k], nonces[k], deadline, k == 0),
                                  range(len(clients))))
+    if len(response.answers) != len(clients):
+        raise RendezvousError(f"the orchestrator answered {len(response.answers)} of the "
+                              f"{len(clients)} joins of a JoinMany call (one answer per join is "
+                              f"its protocol): run an orchestrator of this package's version")
     results: list[Membership | RendezvousError] = []
     for k, (client, answer) in enumerate(zip(clients, response.answers)):
         if answer.HasField("reply"):

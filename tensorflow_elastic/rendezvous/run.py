@@ -217,18 +217,10 @@ class Run:
 
     # ------------------------------------------------------------------ calls
 
-    async def join(self, address: str, node_id: int | None, last_generation: int, nonce: str,
-                   timeout: float) -> Membership:
-        """Returns once the node is a member of a generation newer than ``last_generation``."""
-        answer, = await self.join_many([JoinEntry(address, node_id, last_generation, nonce,
-                                                  timeout)])
-        if isinstance(answer, RendezvousError):
-            raise answer
-        return answer
-
     async def join_many(self, entries: Sequence[JoinEntry]) -> list[Membership | RendezvousError]:
-        """Joins each entry as :meth:`join` would (its own checks, nonce and error, in order),
-        at about the cost of one join: one save and one wait for the generation for them all.
+        """Joins each entry (its own checks, nonce and error, in order): each is answered once
+        its node is a member of a generation newer than its ``last_generation``. At about the
+        cost of one join: one save and one wait for the generation for them all.
         A launcher joins the nodes of its workers so; at 10,000 nodes a save, a wake-up and a
         timer per node were most of the orchestrator's work of a formation."""
         answers: list[Membership | RendezvousError | None] = [None] * len(entries)

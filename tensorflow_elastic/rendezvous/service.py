@@ -248,6 +248,13 @@ class RendezvousService:
             raise InvalidArgumentError(
                 f"{count} joins in one JoinMany call; send 1 to {MAX_JOINS_PER_CALL} (split "
                 f"a larger launcher's nodes over several calls)")
+        # One member map per run in a reply, however many entries ask: the others share it
+        # (the reply would otherwise hold up to 1,024 copies of a 10,000-node map).
+        asked: set[str] = set()
+        for join in request.joins:
+            if not join.omit_members:
+                join.omit_members = join.run_id in asked
+                asked.add(join.run_id)
         answers, sent = await self._join_all(request.joins)
         _when_sent(context, sent)
         # Each answer is field 1 of the response: a JoinAnswer holding the join's reply (its

@@ -210,12 +210,16 @@ class FileStore(MembershipStore):
         return node_log.joined(header, table)
 
     def _drop_unnamed_logs(self, names: list[str]) -> None:
-        """Deletes the node logs of loaded runs that their headers do not name (a new base
-        cut short, or the base it replaced)."""
+        """Deletes the node logs that no header names: of loaded runs (a new base cut short,
+        or the base it replaced) and of runs with no header at all (a delete cut short). A
+        run set aside keeps its logs, to be looked at."""
         named = {log_name for log_name, _ in self._logs.values()}
         loaded = {_digest(run_id) for run_id in self._logs}
+        headers = {name.split(".", 1)[0] for name in os.listdir(self.directory)
+                   if name.endswith((self._SUFFIX, self._SUFFIX + self._SET_ASIDE_SUFFIX))}
         for name in names:
-            if name not in named and name.split(".", 1)[0] in loaded:
+            digest = name.split(".", 1)[0]
+            if name not in named and (digest in loaded or digest not in headers):
                 os.unlink(os.path.join(self.directory, name))
 
     def set_aside(self, run_id: str, reason: str) -> None:
@@ -233,14 +237,21 @@ class FileStore(MembershipStore):
         table, log = self._tables.get(run_id), self._logs.get(run_id)
         new_base = table is None or log is None or table.compacts_with(changes)
         replaced = log
-        if new_base:
-            table = (table or NodeTable()).after(changes)
-            log = (f"{_digest(run_id)}.{os.urandom(4).hex()}{self._LOG_SUFFIX}", 0)
-            log = (log[0], self._append(log, table.base()))
-        elif changes:
-            log = (log[0], self._append(log, changes))
-        header[node_log.LOG_FIELD] = {"file": log[0], "bytes": log[1]}
-        self._replace_header(run_id, header)
+        try:
+            if new_base:
+                table = (table or NodeTable()).after(changes)
+                log = (f"{_digest(run_id)}.{os.urandom(4).hex()}{self._LOG_SUFFIX}", 0)
+                log = (log[0], self._append(log, table.base()))
+            elif changes:
+                log = (log[0], self._append(log, changes))
+            header[node_log.LOG_FIELD] = {"file": log[0], "bytes": log[1]}
+            self._replace_header(run_id, header)
+        except BaseException:
+            # The header on disk may cover this save's bytes or not (its directory's sync
+            # comes after the rename): the next save writes a new base to a new file rather
+            # than over bytes a header may cover. The next load drops the logs left unnamed.
+            self._logs.pop(run_id, None)
+            raise
         if not new_base:
             table.apply(changes)
         self._tables[run_id], self._logs[run_id] = table, log

@@ -309,6 +309,12 @@ class VariableBroadcaster:
         source."""
         self._group_size.set(group_size)
         self._group_key.set(group_key)
+        # A node that received may be the source of a later sync (the chief lost), and one
+        # that sent may receive: both sides are made at its first sync (the job's start; a
+        # newcomer makes them before it joins), not in a recovery, where tracing and
+        # instantiating a side (0.1-0.2 s for a small model, seconds for hundreds of
+        # variables) would hold every member of that sync.
+        self.prepare(variables, not is_source)
         self._function(variables, is_source)(constant_op.constant(True))
 
     def broadcast_in_pairs(self, variables: list, node_id: int, source: int,
@@ -328,13 +334,19 @@ class VariableBroadcaster:
                                sync_group_key(generation, index))
 
     def prepare(self, variables: list, is_source: bool) -> None:
-        """Traces and instantiates the function that broadcast() runs, transferring nothing: a
-        newcomer does it before joining, so the members wait neither for its tracing (seconds
-        for hundreds of variables) nor for TensorFlow's optimization of the traced graph."""
-        self._function(variables, is_source)(constant_op.constant(False))
+        """Traces and instantiates the function that broadcast() runs, transferring nothing
+        (once): a newcomer does it before joining, so the members wait neither for its tracing
+        (seconds for hundreds of variables) nor for TensorFlow's optimization of the traced
+        graph."""
+        if self._key(variables, is_source) not in self._functions:
+            self._function(variables, is_source)(constant_op.constant(False))
+
+    @staticmethod
+    def _key(variables: list, is_source: bool) -> tuple[tuple[int, ...], bool]:
+        return tuple(id(v) for v in variables), is_source
 
     def _function(self, variables: list, is_source: bool):
-        key = (tuple(id(v) for v in variables), is_source)
+        key = self._key(variables, is_source)
         if key not in self._functions:
             # The variables are kept with the function, so their ids are not reused meanwhile.
             self._functions[key] = (list(variables), self._trace(list(variables), is_source))

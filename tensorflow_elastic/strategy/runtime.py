@@ -39,6 +39,7 @@ from tensorflow_elastic.rendezvous import Client, JobCompleteError, Membership
 from tensorflow_elastic.rendezvous.types import NodeBounds
 from tensorflow_elastic.strategy import cluster
 from tensorflow_elastic.strategy.decision import Action, Situation, decide
+from tensorflow_elastic.strategy.function_errors import pass_recoverable_errors_at_once
 from tensorflow_elastic.strategy.interrupts import CollectiveInterrupter
 from tensorflow_elastic.strategy.ordering import StepOrder
 
@@ -395,8 +396,8 @@ class ElasticRuntime:
                             one_group: bool) -> None:
         self._extended().broadcast_variables(variables, source, receivers, one_group=one_group)
 
-    def prepare_to_receive(self, variables: list) -> None:
-        self._extended().prepare_to_receive(variables)
+    def prepare_to_sync(self, variables: list) -> None:
+        self._extended().prepare_to_sync(variables)
 
     def record(self, event: str, **fields: Any) -> None:
         if event == events.STATE_SYNCED:
@@ -580,6 +581,7 @@ def init(endpoint: str | None = None, run_id: str | None = None, token: str | No
                 environment.pop(environment.DEATH_NOTICE_FD)))
         runtime.start()
         _runtime = runtime
+        pass_recoverable_errors_at_once(lambda: runtime.training)
         return runtime
 
 

@@ -187,9 +187,11 @@ class ElasticExtended(mwms_lib.CollectiveAllReduceExtended):
             self._broadcaster.broadcast_in_pairs(variables, self._node_id, source, receivers,
                                                  self._generation)
 
-    def prepare_to_receive(self, variables: list) -> None:
-        """Traces the receiving side of broadcast_variables() ahead of time (a joining node)."""
+    def prepare_to_sync(self, variables: list) -> None:
+        """Traces both sides of broadcast_variables() ahead of time (a joining node: it
+        receives first, and may be the source of a later sync)."""
         self._broadcaster.prepare(variables, is_source=False)
+        self._broadcaster.prepare(variables, is_source=True)
 
     @property
     def generation(self) -> int:

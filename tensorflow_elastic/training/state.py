@@ -52,8 +52,9 @@ class Job(Protocol):
                             one_group: bool) -> None:
         """The `source`'s values of `variables` to the `receivers`."""
 
-    def prepare_to_receive(self, variables: list) -> None:
-        """Builds the receiving side of broadcast_variables() ahead of time."""
+    def prepare_to_sync(self, variables: list) -> None:
+        """Builds both sides of broadcast_variables() ahead of time (a joining node receives
+        first, and may be the source of a later sync)."""
 
     def record(self, event: str, **fields: Any) -> None:
         """An event of this node's in the events record."""
@@ -501,7 +502,7 @@ class TensorFlowState(State):
         super().prepare_to_join()
         variables = self._all_variables()
         if variables:
-            self._bound().prepare_to_receive(variables)
+            self._bound().prepare_to_sync(variables)
         # The snapshot the sync's commit takes, built now for the job's tally and inputs: the
         # members would wait for its building in the first step.
         self._take()

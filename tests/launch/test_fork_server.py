@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -163,11 +164,117 @@ def test_a_server_whose_imports_start_a_thread_refuses_to_fork(tmp_path, capfd):
         "PYTHONPATH", "")])})
     server = preloaded.ForkServer(env, preload=["starts_a_thread"])
     try:
-        with pytest.raises(preloaded.ForkServerError, match="before it was ready"):
+        with pytest.raises(preloaded.ForkServerError, match="cannot fork on this host: the "
+                                                            "fork server has 2 threads"):
             server.spawn(preloaded.python_program([sys.executable, "x.py"]), env, ".", {})
     finally:
         server.close()
     assert "the fork server has 2 threads" in capfd.readouterr().err
+
+
+def children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="utf-8") as f:
+        return [int(child) for child in f.read().split()]
+
+
+def eventually(condition) -> bool:
+    """Whether ``condition()`` holds within WAIT_S (a bound against hangs)."""
+    deadline = time.monotonic() + WAIT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def server_with_pidfd_open(tmp_path, fails_for: str):
+    """A server whose os.pidfd_open fails (ENOSYS, as before Linux 5.3) for the pids that
+    ``fails_for`` (an expression of ``pid``) selects; with its environment."""
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(f"""
+        import errno, os
+        _pidfd_open = os.pidfd_open
+        def _pidfd_open_or_not(pid, flags=0):
+            if {fails_for}:
+                raise OSError(errno.ENOSYS, "Function not implemented")
+            return _pidfd_open(pid, flags)
+        os.pidfd_open = _pidfd_open_or_not
+    """))
+    env = worker_env({"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get(
+        "PYTHONPATH", "")])})
+    return preloaded.ForkServer(env, preload=["json"]), env
+
+
+def test_without_pidfds_the_server_refuses_to_start_and_workers_start_fresh(tmp_path, capfd):
+    server, env = server_with_pidfd_open(tmp_path, "True")
+    try:
+        path = script(tmp_path, "w.py", "print('ran')")
+        proc, out, _, why = run(server, [sys.executable, path], env)
+        assert isinstance(proc, subprocess.Popen) and proc.wait(WAIT_S) == 0
+        assert out == "ran\n"  # once: nothing was forked
+        assert "cannot fork on this host" in why and "Linux 5.3 or later" in why, why
+    finally:
+        server.close()
+    assert "needs pidfd_open" in capfd.readouterr().err
+
+
+def test_a_worker_the_server_cannot_watch_is_killed_and_started_fresh(tmp_path):
+    server, env = server_with_pidfd_open(tmp_path, "pid != os.getpid()")
+    try:
+        path = script(tmp_path, "w.py", "import time; time.sleep(600)")
+        proc, out, err, why = preloaded.start([sys.executable, path], env, [], server)
+        with out, err:
+            assert isinstance(proc, subprocess.Popen)
+            assert "cannot watch its worker" in why, why
+            # The forked copy is gone (killed and reaped); the server serves on.
+            assert children(server.pid) == [] and server.lost is None
+            proc.kill()
+            proc.wait(WAIT_S)
+    finally:
+        server.close()
+
+
+def test_a_late_answer_s_worker_is_killed_and_the_server_serves_no_more(server, tmp_path):
+    run(server, [sys.executable, script(tmp_path, "ready.py", "pass")])  # it is ready
+    path = script(tmp_path, "w.py", "import time; time.sleep(600)")
+    os.kill(server.pid, signal.SIGSTOP)  # as swapped out, or on a loaded host
+    try:
+        with pytest.raises(preloaded.ForkServerError, match="did not answer within 0 s; "
+                                                            "workers start as fresh"):
+            server.spawn(preloaded.python_program([sys.executable, path]), worker_env({}),
+                         str(tmp_path), {}, timeout=0.2)
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+    # It forks the request once it runs again: that worker is killed, so only the fresh copy
+    # the agent starts instead runs.
+    assert eventually(lambda: children(server.pid) == []), children(server.pid)
+    fresh, _, _, why = run(server, [sys.executable, script(tmp_path, "p.py", "pass")])
+    assert isinstance(fresh, subprocess.Popen) and "did not answer" in why
+
+
+def test_an_environment_that_is_not_utf8_starts_a_fresh_process_leaking_nothing(server,
+                                                                                  tmp_path):
+    path = script(tmp_path, "w.py", "import os; print(os.environb[b'NOT_UTF8'])")
+    env = worker_env({"NOT_UTF8": "caf\udce9"})  # a byte os.environ cannot decode
+    open_before = len(os.listdir("/proc/self/fd"))
+    proc, out, _, why = run(server, [sys.executable, path], env)
+    assert isinstance(proc, subprocess.Popen) and proc.wait(WAIT_S) == 0
+    assert out.strip() == "b'caf\\xe9'" and "not valid UTF-8" in why, why
+    assert len(os.listdir("/proc/self/fd")) == open_before
+
+
+def test_an_exited_worker_is_reaped_only_after_the_agent_noted_its_exit(server, tmp_path,
+                                                                        monkeypatch):
+    noted: list[int] = []
+    monkeypatch.setattr(server, "_send_reap", noted.append)
+    proc, _, _, _ = run(server, [sys.executable, script(tmp_path, "w.py", "pass")])
+    assert proc.wait(WAIT_S) == 0 and eventually(lambda: noted == [proc.pid])
+    # Reported but not reaped: its pid is not free, so a signal sent meanwhile reaches no
+    # other process.
+    with open(f"/proc/{proc.pid}/stat", encoding="utf-8") as f:
+        assert f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    proc.send_signal(signal.SIGTERM)  # an exited worker gets no signal
+    preloaded.ForkServer._send_reap(server, proc.pid)
+    assert eventually(lambda: not os.path.exists(f"/proc/{proc.pid}"))
 
 
 def test_only_a_plain_python_command_is_forked():

@@ -1,6 +1,7 @@
 """The membership session's protocol: checks with a stand-in client, and with an embedded
 orchestrator where the session must react to what the orchestrator did."""
 
+import threading
 import time
 
 import pytest
@@ -324,3 +325,77 @@ def test_a_failure_to_act_on_a_generation_s_end_leaves_the_watch_running(caplog)
     session._watch()
     assert lost == [8, 9]  # the second end still aborted what was left
     assert "a bug in the abort" in caplog.text
+
+
+class _JoinClient:
+    """Records joins; a join returns generation 9 with nodes 0 and 1."""
+
+    node_id = 0
+
+    def __init__(self, watched):
+        self.joins = []
+        self.followed = []
+        self.watched = watched
+
+    def follow(self, membership):
+        self.followed.append(membership.generation)
+
+    def watch(self):
+        return iter(self.watched)
+
+    def join(self, address, min_nodes, max_nodes, timeout):
+        self.joins.append(address)
+        return Membership(0, 9, {0: "a", 1: "b"}, 0)
+
+
+@pytest.mark.parametrize("watched_members, joins", [({0: "a", 2: "c"}, 0), ({2: "c"}, 1)])
+def test_a_member_takes_a_watched_generation_it_belongs_to_without_joining(watched_members,
+                                                                           joins):
+    session = MembershipSession(_UnusedClient(), "127.0.0.1:1", NodeBounds(1, 4))
+    session.client = _JoinClient([MembershipUpdate(Membership(None, 8, watched_members, 0),
+                                                   Phase.ACTIVE, 0, "lost [1]")])
+    session.membership = Membership(0, 7, {0: "a", 1: "b", 2: "c"}, 0)
+    session.phases.move(WorkerPhase.MEMBER, "joined generation 7")
+    session._on_peers_lost = lambda reason, live_from: None
+    session._watch()
+    membership = session.join_next_generation()
+    assert len(session.client.joins) == joins
+    # Its calls name the generation it follows.
+    assert session.client.followed == ([8] if joins == 0 else [])
+    # A member of the watched generation goes on in it; a node it left out joins.
+    assert (membership.node_id, membership.generation) == (0, 8 if joins == 0 else 9)
+    assert membership.rank == 0
+
+
+def test_a_survivor_its_watch_told_of_the_next_generation_re_forms_without_a_join():
+    settings = RunSettings(last_call=1.0)
+    with Orchestrator("127.0.0.1", 0, settings=settings) as server, \
+            Client(server.endpoint, "job") as other:
+        lost = []
+        session = MembershipSession(Client(server.endpoint, "job"), "127.0.0.1:20001",
+                                    NodeBounds(1, 2),
+                                    on_peers_lost=lambda reason, generation: lost.append(generation))
+        joined = threading.Thread(target=other.join, args=("127.0.0.1:20002", 1, 2, 30.0))
+        joined.start()
+        try:
+            session.start()
+            joined.join(30)
+            session.start_watching()
+            assert session.membership.world_size == 2
+            generation = session.generation
+            other.report_death(other.node_id, "killed")
+            deadline = time.monotonic() + 20
+            while generation + 1 not in lost and time.monotonic() < deadline:
+                time.sleep(0.02)
+            joins = []
+            join = session.client.join
+            session.client.join = lambda *a, **k: joins.append(a) or join(*a, **k)
+            membership = session.join_next_generation()
+            assert joins == []
+            assert (membership.generation, set(membership.members)) == (generation + 1,
+                                                                          {session.node_id})
+            # Its calls name the new generation: the barrier passes, the heartbeat is a member's.
+            assert session.start_generation(membership, b"m") == {session.node_id: b"m"}
+            assert session.client.heartbeat().member
+        finally:
+            session.close()

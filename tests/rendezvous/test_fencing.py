@@ -19,6 +19,7 @@ from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.service import RendezvousService
 from tensorflow_elastic.rendezvous.settings import RunSettings
 from tensorflow_elastic.rendezvous.store import MembershipStore
+from tensorflow_elastic.rendezvous.types import JoinEntry
 from tests.conftest import wait_until
 
 # A real etcd and sub-second leases: no other test process beside it.
@@ -61,7 +62,8 @@ def test_watchers_hear_of_a_generation_only_once_it_is_durable():
         run.start()
         updates = run.watch()
         assert (await anext(updates)).membership.generation == 0
-        join = asyncio.create_task(run.join("127.0.0.1:1", None, 0, "nonce", timeout=10))
+        join = asyncio.create_task(run.join_many([JoinEntry("127.0.0.1:1", None, 0, "nonce",
+                                                            timeout=10)]))
         await asyncio.sleep(0.2)
         assert run.generation == 1  # formed, not yet saved
         sent = asyncio.create_task(anext(updates))
@@ -69,7 +71,7 @@ def test_watchers_hear_of_a_generation_only_once_it_is_durable():
         assert not sent.done(), "a generation went out before it was saved"
         store.release.set()
         assert (await asyncio.wait_for(sent, 5)).membership.generation == 1
-        assert (await asyncio.wait_for(join, 5)).generation == 1
+        assert (await asyncio.wait_for(join, 5))[0].generation == 1
         await run.close()
 
     asyncio.run(scenario())

@@ -34,7 +34,7 @@ def test_newcomers_joined_together_are_committed_once_and_each_answered():
         batch = asyncio.create_task(run.join_many([_entry(24000 + i) for i in range(3)]))
         await asyncio.sleep(0.1)  # 3 of 4 queued: no generation yet
         commits = run.version - before
-        fourth = await run.join("127.0.0.1:24003", None, 0, "n24003", 10.0)
+        fourth, = await run.join_many([_entry(24003)])
         answers = await batch
         await run.close()
         return commits, answers + [fourth]

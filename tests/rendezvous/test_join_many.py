@@ -11,7 +11,8 @@ import pytest
 from tensorflow_elastic.observability.events import EventLog
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
-from tensorflow_elastic.rendezvous import Client, InvalidArgumentError, Membership
+from tensorflow_elastic.rendezvous import (Client, InvalidArgumentError, Membership,
+                                           RendezvousError)
 from tensorflow_elastic.rendezvous import run as run_module
 from tensorflow_elastic.rendezvous.client import join_together
 from tensorflow_elastic.rendezvous.metrics import Metrics
@@ -51,6 +52,21 @@ def test_nodes_joined_in_one_call_form_a_generation_and_the_first_alone_gets_the
             bare = answer.reply.membership
             assert not bare.members and (bare.generation, bare.digest) == (1, whole.digest)
         assert _members(server) == [0, 1, 2]
+
+
+def test_a_reply_holds_one_member_map_per_run_however_many_entries_ask_for_it():
+    with Orchestrator("127.0.0.1", 0, settings=_SETTINGS) as server:
+        stub = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint))
+        other_run = [_entry(23410 + i, nodes=2) for i in range(2)]
+        for entry in other_run:
+            entry.run_id = "job2"
+        reply = stub.JoinMany(pb.JoinManyRequest(joins=[
+            _entry(23405), other_run[0], _entry(23406), _entry(23407), other_run[1]]),
+            timeout=30)
+        maps = [len(answer.reply.membership.members) for answer in reply.answers]
+        assert maps == [3, 2, 0, 0, 0]
+        digests = [answer.reply.membership.digest for answer in reply.answers]
+        assert digests[0] == digests[2] == digests[3] and digests[1] == digests[4]
 
 
 def test_clients_joined_together_know_their_nodes_and_join_the_next_generation_together():
@@ -123,6 +139,20 @@ def test_a_retried_batch_keeps_its_nodes_by_their_nonces():
         assert [a.reply.node_id for a in retried.answers] == ids
         assert [a.reply.membership.generation for a in retried.answers] == [1, 1]
         assert _members(server) == sorted(ids) == [0, 1]
+
+
+def test_a_reply_with_another_count_of_answers_than_joins_is_an_error(monkeypatch):
+    clients = [Client("127.0.0.1:1", "job") for _ in range(3)]
+    for k, client in enumerate(clients):
+        client.bind(f"127.0.0.1:{23480 + k}", 3, 3)
+    monkeypatch.setattr(Client, "_call", lambda *_: pb.JoinManyResponse(answers=[
+        pb.JoinAnswer(code=grpc.StatusCode.UNAVAILABLE.value[0], message="x")] * 2))
+    try:
+        with pytest.raises(RendezvousError, match="answered 2 of the 3 joins"):
+            join_together(clients, timeout=5)
+    finally:
+        for client in clients:
+            client.close()
 
 
 def test_an_orchestrator_without_the_batched_call_gets_one_join_per_node(monkeypatch):

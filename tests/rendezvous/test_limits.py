@@ -21,6 +21,7 @@ from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.run import Run
 from tensorflow_elastic.rendezvous.run_state import Node, RunState
 from tensorflow_elastic.rendezvous.store import FileStore, MemoryStore
+from tensorflow_elastic.rendezvous.types import JoinEntry
 
 from tests.conftest import wait_until
 
@@ -179,8 +180,8 @@ def test_a_broken_watch_of_a_member_removed_below_min_wakes_no_timer():
         run = Run(RunState.new("job", 2, 2, settings), settings, MemoryStore(), EventLog(None),
                   Metrics())
         run.start()
-        a, b = [m.node_id for m in await asyncio.gather(
-            *(run.join(f"127.0.0.1:{2000 + i}", None, 0, f"n{i}", 10) for i in range(2)))]
+        a, b = [m.node_id for m in await run.join_many(
+            [JoinEntry(f"127.0.0.1:{2000 + i}", None, 0, f"n{i}", 10) for i in range(2)])]
         watch = run.watch(b)
         await watch.__anext__()
         await watch.aclose()  # b's process died: its watch broke

@@ -3,6 +3,7 @@ save writes, and saves cut short (the file store here; etcd in test_etcd_store.p
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -158,6 +159,59 @@ def test_a_save_cut_short_between_its_two_writes_loads_the_save_before(tmp_path,
     Saver(store, loaded).save()
     store.close()
     assert_same(load(FileStore(str(tmp_path))), loaded)
+
+
+def test_after_a_failed_directory_sync_the_next_save_leaves_what_the_header_covers(
+        tmp_path, monkeypatch):
+    state = new_state()
+    store = FileStore(str(tmp_path))
+    saver = Saver(store, state)
+    join(state, 50)
+    saver.save()
+    join(state, 5)
+    failed = state.take_changed()
+
+    def sync_fails():
+        raise OSError(errno.EIO, "Input/output error")
+
+    # The header's rename happened; the sync after it failed: the header on disk covers it.
+    monkeypatch.setattr(store, "_sync_directory", sync_fails)
+    with pytest.raises(OSError, match="Input/output"):
+        store.save("job", encode(state, failed, saver.ranges))
+    monkeypatch.undo()
+    expected = decode(encode(state), RunSettings())
+    # The next save (with what did not save) is cut short before its header.
+    join(state, 1)
+    monkeypatch.setattr(FileStore, "_replace_header", lambda *_: _raise(_CutShort()))
+    with pytest.raises(_CutShort):
+        store.save("job", encode(state, failed | state.take_changed(), saver.ranges))
+    monkeypatch.undo()
+    store.close()
+    store = FileStore(str(tmp_path))
+    assert_same(load(store), expected)  # not set aside as cut
+    assert len(_logs(tmp_path)) == 1
+
+
+def test_a_delete_cut_short_leaves_no_log_and_a_run_set_aside_keeps_its_own(tmp_path):
+    store = FileStore(str(tmp_path))
+    for run_id in ("deleted", "unreadable", "kept"):
+        state = new_state(run_id)
+        join(state, 3)
+        Saver(store, state).save()
+    store.close()
+    digests = {run_id: hashlib.sha256(run_id.encode()).hexdigest()
+               for run_id in ("deleted", "unreadable")}
+    os.unlink(tmp_path / f"{digests['deleted']}.run.json")  # the delete's first step only
+    (tmp_path / f"{digests['unreadable']}.run.json").write_text("{not json")
+    store = FileStore(str(tmp_path))
+    assert sorted(store.load()) == ["kept"]
+    assert [name.split(".")[0] for name in _logs(tmp_path)].count(digests["deleted"]) == 0
+    assert [name.split(".")[0] for name in _logs(tmp_path)].count(digests["unreadable"]) == 1
+    assert len(_logs(tmp_path)) == 2
+
+
+def _raise(error: Exception):
+    raise error
 
 
 def _whole_snapshot(state: RunState) -> dict:

@@ -132,6 +132,23 @@ def test_peers_are_probed_at_once_and_only_the_silent_ones_are_reported(monkeypa
     assert probes.most_at_once == 3  # one timeout for all, not one per peer
 
 
+def test_the_binding_refuses_a_peer_probe_with_no_bound(subprocess_env):
+    """TensorFlow reads a timeout of 0 as no bound: the binding (public, beside check_peer)
+    refuses it rather than wait for ever on a silent peer."""
+    code = ("from tensorflow.python.eager import context\n"
+            "from tensorflow_elastic.ops import load_binding\n"
+            "from tensorflow_elastic.strategy import cluster\n"
+            "context.context().ensure_initialized()\n"
+            "try:\n"
+            "    load_binding().check_peer_health(cluster._context_handle(),\n"
+            "                                     cluster.task_device(1), 0)\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=subprocess_env,
+                          capture_output=True, text=True, timeout=120)
+    assert "timeout_ms=0: a peer's probe needs a bound above 0" in done.stdout, done.stderr
+
+
 @pytest.fixture
 def serving_generation_3(monkeypatch):
     """The interrupter of a member whose TensorFlow serves generation 3; what happened."""

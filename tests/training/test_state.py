@@ -250,7 +250,7 @@ class _Job:
         self.exchange = exchange or (lambda topic, blob: {1: blob})
         self.order = order
         self.broadcast_variables = broadcast
-        self.prepare_to_receive = prepare
+        self.prepare_to_sync = prepare
         self.generation = generation
         self.events = EventLog(events_file and str(events_file))
 
