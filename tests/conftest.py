@@ -287,13 +287,24 @@ def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worke
 def pytest_collection_modifyitems(config, items):
     """The multi-process tests take the machine's cores (and the network-namespace subnet): under
     pyproject's two test processes (`--dist loadgroup`) they run one at a time, all in one of
-    them, with the tests marked serial. xdist groups the tests whose id ends in @GROUP; it writes that suffix where pytest 9
-    no longer reads it, so the suffix is put on the id here."""
+    them, with the tests marked serial. The light ones (no TensorFlow in their processes) run one
+    at a time in a group of their own, which goes to the other process (xdist hands the largest
+    groups out first, one to each). xdist groups the tests whose id ends in @GROUP; it writes that
+    suffix where pytest 9 no longer reads it, so the suffix is put on the id here."""
     if not getattr(config.option, "loadgroup", False):
         return
     for item in items:
-        if item.get_closest_marker("multiprocess") or item.get_closest_marker("serial"):
-            item._id = coerce_node_id(f"{item.nodeid}@multiprocess")  # noqa: SLF001
+        group = _group(item)
+        if group is not None:
+            item._id = coerce_node_id(f"{item.nodeid}@{group}")  # noqa: SLF001
+
+
+def _group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("serial"):
+        return "multiprocess"
+    if item.get_closest_marker("multiprocess"):
+        return "light" if item.get_closest_marker("light") else "multiprocess"
+    return None
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -7,7 +7,8 @@ the failures are a user error a restart would repeat: launch/repeats.py, its
 warm spares) and carries out the actions in order. The mode's
 :class:`Scope` is the one thing that differs: a worker that re-forms in-process (or a parameter-server role) comes back alone, a
 plain MWMS worker takes its whole group with it. A worker whose error says
-a restart cannot help (e.g. the training diverged) is never restarted. A worker
+a restart cannot help (e.g. the training diverged) is never restarted, and the job's end
+says so, even when every worker failed alike. A worker
 that comes back alone comes back as a warm spare when one runs (``--spares``):
 the spare joins at once, and a new spare is started in its place.
 """
@@ -81,7 +82,10 @@ NOT_RESTARTABLE = "a worker failed in a way a restart cannot fix"
 def decide(scope: Scope, seen: Situation) -> list[Action]:
     """The actions, in order; none while every worker runs and nothing changed."""
     succeeded = any(code == 0 for code in seen.exit_codes)
-    if seen.failed and not succeeded:
+    # A worker's own word that a restart cannot fix its error outranks the guess that failures
+    # alike are a setup error: workers that diverged on the same parameters fail alike too.
+    cannot_fix = bool(set(seen.failed) & set(seen.final))
+    if seen.failed and not succeeded and not cannot_fix:
         if seen.user_error is not None:
             return [Action(Do.FAIL, reason=f"{seen.user_error.why}: not restarted, a restart "
                                            f"would fail the same way",
@@ -90,7 +94,7 @@ def decide(scope: Scope, seen: Situation) -> list[Action]:
             return [Action(Do.HOLD)]
     if scope is Scope.GROUP:
         if seen.failed:
-            if set(seen.failed) & set(seen.final):
+            if cannot_fix:
                 return [Action(Do.FAIL, reason=NOT_RESTARTABLE)]
             if seen.restarts >= seen.max_restarts:
                 return [_give_up(seen.restarts, seen.max_restarts)]

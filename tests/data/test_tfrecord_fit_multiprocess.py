@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.conftest import TESTS_DIR
+from tensorflow_elastic.rendezvous import Client
+from tests.conftest import TESTS_DIR, wait_until
 from tests.data.tfrecord_files import write_files
 from tests.training.test_keras_fit_multiprocess import (ARGS, EXAMPLES, STEPS,
                                                          _check_against_the_reference, _node,
@@ -45,7 +46,9 @@ def test_fit_over_tfrecord_files_exactly_once_across_kills_and_joins(
     data = tmp_path / "data"
     data.mkdir()
     write_files(str(data), [EXAMPLES // FILES] * FILES)
-    env = dict(_env(form, str(data), plain_fit), KERAS_FIT_OUT=str(tmp_path))
+    hold = tmp_path / "hold"
+    env = dict(_env(form, str(data), plain_fit), KERAS_FIT_OUT=str(tmp_path),
+               KERAS_FIT_HOLD=str(hold))
 
     def start(count):
         return start_workers(orchestrator.endpoint, count, min_nodes=2, max_nodes=4,
@@ -55,12 +58,19 @@ def test_fit_over_tfrecord_files_exactly_once_across_kills_and_joins(
     for w in workers:
         w.wait_for_step(8)
     member = _node(workers, max(w.node_id for w in workers))
+    # The job is held until both newcomers wait to join: two TensorFlow processes starting on a
+    # busy machine can take longer than the job's remaining steps.
+    hold.touch()
     member.signal(signal.SIGKILL)
     survivors = [w for w in workers if w is not member]
     newcomer = start(1)[0]
     # Started now, while the job has most of its steps left: started after the chief's kill,
     # it could arrive after the survivors finished.
     second_newcomer = start(1)[0]
+    status = Client(orchestrator.endpoint, run_id="job")
+    wait_until(lambda: sum(n.role == "waiting" for n in status.status()[0].nodes) >= 2,
+               timeout=60, what="the two newcomers waiting to join")
+    hold.unlink()
     newcomer.wait_for_step(STEPS // 3)
     chief = _node(survivors, min(w.node_id for w in survivors))
     chief.signal(signal.SIGKILL)

@@ -110,6 +110,32 @@ def test_user_errors_are_not_restarted(scope, codes, failed, restarts, error, aw
     assert decide(scope, seen) == expected
 
 
+DIVERGED_ALIKE = UserError(WorkerFailure(0, None, 10, 1, 0.0, "TrainingDiverged", "inf"),
+                           "every worker failed the same way before the first step")
+# (scope, exit codes, failed, final, user error, awaiting others) -> actions: workers that
+# diverged on the same parameters fail alike, yet their error, not a setup error, is the reason
+FINAL_ALIKE_CASES = [
+    ("worker: all failed alike, kept down for their error", WORKER, (1, 1, 1), (0, 1, 2),
+     (0, 1, 2), DIVERGED_ALIKE, False,
+     [Action(Do.KEEP_DOWN, slot, NOT_RESTARTED) for slot in range(3)]
+     + [Action(Do.FAIL, reason=NOT_RESTARTABLE)]),
+    ("group: all failed alike, the job ends for their error", GROUP, (1, 1), (0, 1), (0, 1),
+     DIVERGED_ALIKE, False, [Action(Do.FAIL, reason=NOT_RESTARTABLE)]),
+    ("worker: the first one down is kept down, not held", WORKER, (1, RUNNING), (0,), (0,), None,
+     True, [Action(Do.KEEP_DOWN, 0, NOT_RESTARTED)]),
+]
+
+
+@pytest.mark.parametrize("scope, codes, failed, final, error, awaiting, expected",
+                         [case[1:] for case in FINAL_ALIKE_CASES],
+                         ids=[case[0] for case in FINAL_ALIKE_CASES])
+def test_an_error_a_restart_cannot_fix_is_the_reason_even_when_all_failed_alike(
+        scope, codes, failed, final, error, awaiting, expected):
+    seen = Situation(codes, failed, restarts=0, max_restarts=3, final=final, user_error=error,
+                     awaiting_others=awaiting)
+    assert decide(scope, seen) == expected
+
+
 # (exit codes, failed now, restarts, spares running, spare failures) -> actions; two spares
 # wanted, max_restarts 3, a worker of the node is a member
 SPARE_CASES = [

@@ -10,7 +10,7 @@ import pytest
 from tensorflow_elastic.observability import events
 from tensorflow_elastic.rendezvous import Client
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 
 @pytest.mark.parametrize("args, reason", [
@@ -94,6 +94,7 @@ def test_in_process_workers_inherit_their_port_held(start, scripts):
     assert lines[0]["address"] != lines[1]["address"]
 
 
+@pytest.mark.serial  # an orchestrator child binds a port chosen before it starts
 def test_exit_barrier_keeps_a_finished_node_until_every_node_is_done(start, scripts, port, tmp_path):
     orchestrator = start("--standalone", "--rdzv_endpoint", f"127.0.0.1:{port()}", "start")
     endpoint = orchestrator.wait_for(r"listening on (\S+)")[0].group(1)
@@ -112,6 +113,7 @@ def test_exit_barrier_keeps_a_finished_node_until_every_node_is_done(start, scri
     assert slow_done.exists()
 
 
+@pytest.mark.serial  # an orchestrator child binds a port chosen before it starts
 def test_seed_usage_orchestrator_only_serves_until_sigterm(start, port):
     port = port()
     proc = start("--standalone", f"--rdzv_endpoint=127.0.0.1:{port}", "start")

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 PS_ROLE_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ps_role_worker.py")
 

@@ -6,7 +6,7 @@ import pytest
 
 from tensorflow_elastic.launch import hosts
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 RUNNER = "tensorflow_elastic.launch.tensorflowrun"
 

@@ -19,9 +19,10 @@ from tensorflow_elastic.rendezvous import (BlocklistedError, NodeRemovedError, R
 from tensorflow_elastic.rendezvous.blocklist import Blocklist
 from tensorflow_elastic.rendezvous.liveness import FIRST_BEAT_MAX_S
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 
+@pytest.mark.serial  # the live nodes' beats must keep arriving within a 1 s timeout
 def test_heartbeat_timeout_removes_node_and_bumps_generation(start_orchestrator, nodes_for, wait,
                                                             tmp_path):
     events_file = tmp_path / "events.jsonl"
@@ -73,6 +74,7 @@ def test_max_nodes_standby_admitted_when_member_leaves(orchestrator, nodes_for, 
     assert sorted(admitted.members) == sorted([a.node_id, standby.node_id])
 
 
+@pytest.mark.serial  # the live nodes' beats must keep arriving within a 1 s timeout
 def test_below_min_timeout_fails_the_run_for_every_member(start_orchestrator, nodes_for, wait):
     server = start_orchestrator("--below_min_timeout", "1", heartbeat_timeout=1.0)
     nodes = nodes_for(server.endpoint)
@@ -201,6 +203,7 @@ def test_leave_is_recorded_and_idempotent(start_orchestrator, nodes_for, tmp_pat
     assert not list(read_events(str(events_file), "failure_detected"))
 
 
+@pytest.mark.serial  # the live nodes' beats must keep arriving within a 1.5 s timeout
 def test_a_failing_heartbeat_listener_does_not_stop_the_heartbeats(start_orchestrator,
                                                                    nodes_for):
     server = start_orchestrator(heartbeat_timeout=1.5)
@@ -232,6 +235,7 @@ for update in client.watch():
 """
 
 
+@pytest.mark.serial  # the watch's loss is judged against a 1 s grace
 def test_a_killed_member_whose_watch_broke_is_removed_before_its_heartbeat_timeout(
         start_orchestrator, nodes_for, subprocess_env, wait, tmp_path):
     events_file = tmp_path / "events.jsonl"
@@ -279,6 +283,7 @@ def test_a_newcomer_whose_watch_broke_before_its_first_beat_is_removed_after_the
     assert failure["failed"] == [b.node_id] and "connection closed" in failure["cause"], failure
 
 
+@pytest.mark.serial  # its beats must keep arriving within a 0.5 s grace
 def test_a_live_member_whose_watch_broke_stays(start_orchestrator, nodes_for):
     server = start_orchestrator("--watch_loss_grace", "0.5", heartbeat_timeout=120)
     [(a, _), (b, _)] = nodes_for(server.endpoint).join(2, 2, 2, heartbeat=0.1)

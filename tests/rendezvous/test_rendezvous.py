@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tensorflow_elastic.rendezvous import (
     GenerationChangedError, InvalidArgumentError, RendezvousTimeoutError)
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 
 def test_bringup(orchestrator, nodes_for):

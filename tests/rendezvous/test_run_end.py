@@ -12,9 +12,10 @@ from tensorflow_elastic.rendezvous import (GenerationChangedError, JobCompleteEr
                                            NodeRemovedError, Orchestrator, Phase, RunFailedError,
                                            RunSettings)
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 
+@pytest.mark.serial  # the restarted orchestrator binds the port the first one had
 def test_a_completed_run_ends_as_completed_and_a_new_job_starts_it_afresh(
         start_orchestrator, nodes_for, tmp_path):
     state_dir = str(tmp_path / "state")
@@ -47,6 +48,7 @@ def test_a_completed_run_ends_as_completed_and_a_new_job_starts_it_afresh(
     assert second.endpoint == first.endpoint
 
 
+@pytest.mark.serial  # the live nodes' beats must keep arriving within a 1 s timeout
 def test_a_failed_run_is_started_afresh_by_a_new_first_join(start_orchestrator, nodes_for, wait):
     server = start_orchestrator("--below_min_timeout", "1", heartbeat_timeout=1.0)
     nodes = nodes_for(server.endpoint)
