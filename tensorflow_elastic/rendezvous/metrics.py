@@ -63,11 +63,13 @@ class Metrics:
             except KeyError:
                 pass  # the run never had this series
 
-    def rpc_done(self, method: str, code: str) -> None:
+    def rpc_done(self, method: str, code: str, count: int = 1) -> None:
+        """Counts ``count`` calls of ``method`` that ended with ``code`` (a JoinMany's entries
+        count as Join calls, the successful ones at once)."""
         counter = self._rpc_counts.get((method, code))
         if counter is None:  # methods and codes are few (rpc_refused names no other method)
             counter = self._rpc_counts[method, code] = self.rpcs.labels(method, code)
-        counter.inc()
+        counter.inc(count)
 
     def rpc_refused(self, path: str) -> None:
         """Counts a call refused for its token, under its method's name; a path outside the

@@ -30,6 +30,7 @@ from tensorflow_elastic.rendezvous.errors import (
     UNKNOWN_RUN, InvalidArgumentError, LimitReachedError, RendezvousError)
 from tensorflow_elastic.rendezvous.liveness import LoopClock
 from tensorflow_elastic.rendezvous.map_replies import MapReplies, known_map
+from tensorflow_elastic.rendezvous.member_deltas import MapVersion
 from tensorflow_elastic.rendezvous.metrics import Metrics
 from tensorflow_elastic.rendezvous.refusals import check_last_generation
 from tensorflow_elastic.rendezvous.run import Run
@@ -259,6 +260,7 @@ class RendezvousService:
         # Each answer is field 1 of the response: a JoinAnswer holding the join's reply (its
         # field 1), or its error. Joined once: a reply may carry the whole member map.
         pieces: list[bytes] = []
+        succeeded = 0
         for answer in answers:
             if isinstance(answer, RendezvousError):
                 self._metrics.rpc_done("Join", answer.code.name)
@@ -266,10 +268,12 @@ class RendezvousService:
                                       reason=answer.reason).SerializeToString()
                 pieces += (_field_prefix(1, len(error)), error)
                 continue
-            self._metrics.rpc_done("Join", "OK")
+            succeeded += 1
             head, tail = answer
             reply = _field_prefix(1, len(head) + len(tail))
             pieces += (_field_prefix(1, len(reply) + len(head) + len(tail)), reply, head, tail)
+        if succeeded:
+            self._metrics.rpc_done("Join", "OK", succeeded)
         return b"".join(pieces)
 
     async def _join_all(self, requests: Sequence[pb.JoinRequest]
@@ -353,18 +357,24 @@ class RendezvousService:
             JoinEntry(r.address, r.node_id if r.HasField("node_id") else None,
                       r.last_generation, r.nonce, r.timeout_s) for r in batch])
         held = []
+        # The run's current membership, which is what _join_tail encodes: the same for the
+        # whole batch (nothing awaits in between), so encoded once per map named and kind.
+        tails: dict[tuple[MapVersion | None, bool], bytes] = {}
         for index, request, answer in zip(indices, batch, joined):
             if isinstance(answer, RendezvousError):
                 answers[index] = answer
                 continue
             node_id = answer.node_id
             held.append((node_id, not request.HasField("node_id")))
-            # The run's current membership, which is what _join_tail encodes.
+            key = (known_map(request), request.omit_members)
+            tail = tails.get(key)
+            if tail is None:
+                tail = tails[key] = self._join_tail(run, request)
             answers[index] = (pb.JoinResponse(node_id=node_id,
                                               taken_back_after=answer.taken_back_after,
                                               heartbeat_interval_s=run.ask_interval(node_id)
                                               ).SerializeToString(),
-                              self._join_tail(run, request))
+                              tail)
         if held:
             sent.append(run.hold_while_answering(held))
 

@@ -212,14 +212,34 @@ def test_a_batch_counts_once_as_join_many_and_each_of_its_joins_as_a_join():
     async def scenario() -> None:
         service = RendezvousService(RunSettings(), MemoryStore(), EventLog(None), metrics)
         await service.load()
-        bad = _entry(23461, nodes=1)
+        bad = _entry(23461, nodes=3)
         bad.address = "no-port"
-        await service.JoinMany(pb.JoinManyRequest(joins=[_entry(23460, nodes=1), bad]),
-                               CallContext())
+        await service.JoinMany(pb.JoinManyRequest(joins=[
+            _entry(23460, nodes=3), bad, _entry(23462, nodes=3), _entry(23463, nodes=3)]),
+            CallContext())
         await service.close()
 
     asyncio.run(scenario())
     count = metrics.registry.get_sample_value
     assert count("tfelastic_rpcs_total", {"method": "JoinMany", "code": "OK"}) == 1
-    assert count("tfelastic_rpcs_total", {"method": "Join", "code": "OK"}) == 1
+    assert count("tfelastic_rpcs_total", {"method": "Join", "code": "OK"}) == 3
     assert count("tfelastic_rpcs_total", {"method": "Join", "code": "INVALID_ARGUMENT"}) == 1
+
+
+def test_each_entry_of_a_batch_gets_the_map_it_asked_for():
+    """The batch's one whole map goes to the entry that asked for it, whatever comes before
+    it; the others get its name (the batch encodes each kind once)."""
+    async def scenario() -> list[pb.Membership]:
+        service = RendezvousService(_SETTINGS, MemoryStore(), EventLog(None), Metrics())
+        await service.load()
+        unknown = pb.KnownMap(generation=7, digest=12345)  # a map never sent: the whole map
+        reply = pb.JoinManyResponse.FromString(await service.JoinMany(pb.JoinManyRequest(joins=[
+            _entry(23470, nodes=4, omit_members=True), _entry(23471, nodes=4, known_map=unknown),
+            _entry(23472, nodes=4, omit_members=True), _entry(23473, nodes=4)]), CallContext()))
+        await service.close()
+        return [answer.reply.membership for answer in reply.answers]
+
+    bare, whole, *others = asyncio.run(scenario())
+    assert sorted(whole.members) == [0, 1, 2, 3] and not whole.delta
+    for name in (bare, *others):
+        assert not name.members and (name.generation, name.digest) == (1, whole.digest)
