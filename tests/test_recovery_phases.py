@@ -3,30 +3,17 @@ records and "trace NAME TIME" lines."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import queue
-import sys
 
 import pytest
 
-_BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "benchmarks")
+from tests import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def recovery():
-    sys.path.insert(0, _BENCHMARKS)  # recovery.py imports its harness as a sibling
-    try:
-        spec = importlib.util.spec_from_file_location("benchmark_recovery",
-                                                      os.path.join(_BENCHMARKS, "recovery.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
+    with benchmark_scripts.loaded("recovery") as module:
         yield module
-    finally:
-        sys.path.remove(_BENCHMARKS)
-        sys.modules.pop("benchmark_recovery", None)
 
 
 class _Survivor:
