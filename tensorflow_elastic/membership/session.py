@@ -589,8 +589,6 @@ class MembershipSession:
         try:
             for update in self.client.watch():
                 self._waiting = update.waiting
-                if update.state == Phase.ACTIVE:
-                    self._watched = update.membership
                 if update.state == Phase.FAILED:
                     self._note_generation_ended(f"run failed: {update.reason}", None)
                     self._fail(update.reason)
@@ -603,6 +601,10 @@ class MembershipSession:
                     except Exception:  # noqa: BLE001 - a bug here must not end the watch
                         logger.exception("the change to generation %d was not acted on; "
                                          "watching on", update.membership.generation)
+                if update.state == Phase.ACTIVE:
+                    # Only now: a node that moves to it has had its old generation's end noted
+                    # (noted after the move, it would end the new one).
+                    self._watched = update.membership
         except Exception as e:  # noqa: BLE001 - the heartbeat thread still watches
             logger.warning("membership watch ended: %s", e)
 

@@ -229,7 +229,7 @@ class Client:
         if membership.node_id != self.node_id or membership.node_id not in membership.members:
             raise ValueError(f"node {self.node_id} is not a member of generation "
                              f"{membership.generation}")
-        self.generation = max(self.generation, membership.generation)
+        self.generation = membership.generation
 
     def register(self, address: str, min_nodes: int, max_nodes: int) -> int:
         """Gets this node's permanent id without joining yet; returns at once.

@@ -309,12 +309,6 @@ class VariableBroadcaster:
         source."""
         self._group_size.set(group_size)
         self._group_key.set(group_key)
-        # A node that received may be the source of a later sync (the chief lost), and one
-        # that sent may receive: both sides are made at its first sync (the job's start; a
-        # newcomer makes them before it joins), not in a recovery, where tracing and
-        # instantiating a side (0.1-0.2 s for a small model, seconds for hundreds of
-        # variables) would hold every member of that sync.
-        self.prepare(variables, not is_source)
         self._function(variables, is_source)(constant_op.constant(True))
 
     def broadcast_in_pairs(self, variables: list, node_id: int, source: int,

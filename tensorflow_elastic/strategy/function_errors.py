@@ -3,9 +3,10 @@
 When a `tf.function` call fails, TensorFlow rewrites the error's message with the stack
 that created each node the message names: it reads the debug information of the whole
 function first, about 10 ms per 1,000 nodes (20-50 ms for a Keras train function), before
-the error reaches Python. A collective's failure that the elastic loop recovers from (a
-lost peer, an aborted generation) is never shown to anyone, so its recovery need not wait
-for that; every other error keeps its annotated message.
+the error reaches Python. The elastic loop recovers from a collective's failure (a lost
+peer, an aborted generation) without showing it, so its recovery need not wait for that; the
+error it chains when it gives up (re-forms without progress) then lacks the node's stack.
+Every other error, and every error outside training, keeps its annotated message.
 """
 
 from __future__ import annotations

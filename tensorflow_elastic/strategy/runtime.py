@@ -268,11 +268,14 @@ class ElasticRuntime:
 
     def _begin_training(self, state) -> None:
         """Before the first step: a node joining a running job prepares to receive the state,
-        then joins (the sync that follows gives it the members' state)."""
+        then joins (the sync that follows gives it the members' state); a member prepares
+        the syncs of its state (tracing either side of one in a recovery would hold it)."""
         state.bind(self)
         if self.session.standby:
             state.prepare_to_join()
             self._move_to_next_generation(state)
+        else:
+            state.prepare_syncs()
 
     def commit(self, state) -> None:
         """A step boundary: the state's snapshot (by its commit policy), the progress, and the

@@ -211,6 +211,12 @@ class State:
     def prepare_to_join(self) -> None:
         """Builds, before a node joins, what its first sync runs (the members wait for that)."""
         object.__setattr__(self, "_joining", self._commits == 0)
+        self.prepare_syncs()
+
+    def prepare_syncs(self) -> None:
+        """Builds, before this process's first sync, what any sync of its state may run (a
+        node that receives the state first may send it later: the chief lost), so that no
+        recovery waits for it; a State of Python values needs nothing."""
 
     def sync_message(self) -> bytes:
         """What this member tells the others at a sync: its Python values and commits, its
@@ -498,11 +504,13 @@ class TensorFlowState(State):
             self._load(path, layout, values, self._snapshot_extras()[1])
             self.save()
 
-    def prepare_to_join(self) -> None:
-        super().prepare_to_join()
+    def prepare_syncs(self) -> None:
         variables = self._all_variables()
         if variables:
             self._bound().prepare_to_sync(variables)
+
+    def prepare_to_join(self) -> None:
+        super().prepare_to_join()
         # The snapshot the sync's commit takes, built now for the job's tally and inputs: the
         # members would wait for its building in the first step.
         self._take()

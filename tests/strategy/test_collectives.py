@@ -30,22 +30,23 @@ def test_a_joining_node_traces_the_receiving_function_once_ahead_of_its_first_sy
     assert broadcaster._function(variables, is_source=True).experimental_get_tracing_count() == 0
 
 
-def test_a_node_s_first_broadcast_makes_the_other_side_first_and_later_ones_make_nothing():
-    calls = []
+def test_a_broadcast_runs_the_side_prepared_for_it_and_traces_nothing_more():
+    traced, calls = [], []
 
     class Recording(collectives.VariableBroadcaster):
         def _trace(self, variables, is_source):
+            traced.append(is_source)
             return lambda active: calls.append((is_source, bool(active.numpy())))
 
     broadcaster = Recording("/device:CPU:0")
     variables = [tf.Variable(tf.ones([2]))]
-    broadcaster.broadcast(variables, False, 2, 7)
-    # A receiver made the sending side (transferring nothing) before it received: a later
-    # sync whose source it is, in a recovery, traces nothing.
-    assert calls == [(True, False), (False, True)]
+    broadcaster.prepare(variables, is_source=False)
+    broadcaster.prepare(variables, is_source=True)
+    broadcaster.prepare(variables, is_source=True)  # once
     broadcaster.broadcast(variables, True, 2, 7)
     broadcaster.broadcast(variables, False, 2, 7)
-    assert calls[2:] == [(True, True), (False, True)]
+    assert traced == [False, True]
+    assert calls == [(False, False), (True, False), (True, True), (False, True)]
 
 
 def test_small_variables_of_a_dtype_share_transfers_and_large_ones_go_in_chunks():

@@ -259,3 +259,26 @@ def test_a_node_told_the_job_is_complete_when_it_joins_again_exits_successfully(
     with pytest.raises(SystemExit) as exited:
         job._move_to_next_generation(state=None)
     assert exited.value.code == 0
+
+
+class _PreparingState:
+    """Records what the runtime asks of a state before its first sync."""
+
+    def __init__(self):
+        self.asked = []
+
+    def bind(self, job):
+        self.asked.append("bind")
+
+    def prepare_syncs(self):
+        self.asked.append("prepare_syncs")
+
+    def prepare_to_join(self):
+        self.asked.append("prepare_to_join")
+
+
+def test_a_member_prepares_its_state_s_syncs_before_its_first(job):
+    job.session.membership = Membership(0, 3, {0: "a", 1: "b"}, 0)
+    state = _PreparingState()
+    job._begin_training(state)
+    assert state.asked == ["bind", "prepare_syncs"]

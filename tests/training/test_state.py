@@ -427,6 +427,19 @@ def test_a_node_prepares_before_joining_to_receive_every_variable_of_its_state()
     assert prepared == [[weights, bias]]
 
 
+def test_a_member_prepares_both_sides_of_its_syncs_before_the_first():
+    weights = tf.Variable([1.0])
+    prepared = []
+    state = tfe.TensorFlowState([weights], step=0)
+    state.bind(_Job(prepare=prepared.append))
+    state.prepare_syncs()
+    assert prepared == [[weights]]
+    # A State of Python values has nothing to prepare.
+    values = tfe.State(step=0)
+    values.bind(_Job())
+    values.prepare_syncs()
+
+
 def test_members_at_the_same_commit_keep_their_variables_and_move_nothing():
     weights = tf.Variable([1.0])
     state = tfe.TensorFlowState([weights], step=0)
