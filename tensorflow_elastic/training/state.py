@@ -173,7 +173,7 @@ class State:
 
     def save(self) -> None:
         # Plain data or an error now, at the first commit, not at the first recovery.
-        plain_data.encode(self._values)
+        plain_data.check(self._values)
         self._committed = _copy_values(self._values)
         self._saved_commits = self._commits
 

@@ -35,7 +35,7 @@ def test_nan_survives():
     assert math.isnan(plain_data.decode(plain_data.encode(float("nan"))))
 
 
-@pytest.mark.parametrize("value, says", [
+REFUSED = [
     ({"f": open}, "value\\['f'\\] is a builtin_function_or_method"),
     ({1: "a"}, "key that is not a string"),
     ({"__tfe__": "tuple"}, "reserved key"),
@@ -45,10 +45,25 @@ def test_nan_survives():
     (collections.OrderedDict(a=1), "is a OrderedDict"),
     (collections.defaultdict(int), "is a defaultdict"),
     (collections.namedtuple("Point", "x y")(1, 2), "is a Point"),
-])
+]
+
+
+@pytest.mark.parametrize("value, says", REFUSED)
 def test_anything_else_is_refused_with_what_to_do(value, says):
     with pytest.raises(NotPlainData, match=says):
         plain_data.encode(value)
+
+
+@pytest.mark.parametrize("value, says", REFUSED + [({"n": np.int64(1), "f": open}, "is a builtin")])
+def test_check_refuses_what_encode_refuses(value, says):
+    with pytest.raises(NotPlainData, match=says):
+        plain_data.check(value)
+
+
+def test_a_dict_of_scalars_is_checked_without_encoding(monkeypatch):
+    """A State's usual values (a step count), checked at every commit: no encoding."""
+    monkeypatch.setattr(plain_data, "encode", lambda value: pytest.fail("encoded"))
+    plain_data.check({"step": 3, "lr": 0.1, "name": "a", "done": None, "ok": True})
 
 
 @pytest.mark.parametrize("blob", [
