@@ -9,7 +9,8 @@ expire.
 
 When a generation forms, every member's join returns and every watcher gets
 an update, all carrying the member map, or what changed in it since the map the
-client holds (map_replies.py: encoded once per change, sent as bytes).
+client holds (map_replies.py: encoded once per change, sent as bytes), packed for clients that
+read packed maps (packed_maps.py).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class RendezvousService:
     def _join_tail(self, run: Run, request: pb.JoinRequest) -> bytes:
         """The run's current membership as the end of a join reply to ``request``."""
         return self._replies(run).join_tail(self._membership(run), known_map(request),
-                                            request.omit_members)
+                                            request.omit_members, request.packed_maps)
 
     # ------------------------------------------------------------------ RPCs
 
@@ -359,14 +360,14 @@ class RendezvousService:
         held = []
         # The run's current membership, which is what _join_tail encodes: the same for the
         # whole batch (nothing awaits in between), so encoded once per map named and kind.
-        tails: dict[tuple[MapVersion | None, bool], bytes] = {}
+        tails: dict[tuple[MapVersion | None, bool, bool], bytes] = {}
         for index, request, answer in zip(indices, batch, joined):
             if isinstance(answer, RendezvousError):
                 answers[index] = answer
                 continue
             node_id = answer.node_id
             held.append((node_id, not request.HasField("node_id")))
-            key = (known_map(request), request.omit_members)
+            key = (known_map(request), request.omit_members, request.packed_maps)
             tail = tails.get(key)
             if tail is None:
                 tail = tails[key] = self._join_tail(run, request)
@@ -434,10 +435,11 @@ class RendezvousService:
         node_id = request.node_id if request.HasField("node_id") else None
         # A watcher that names its map gets deltas, each against the update before it.
         base = known_map(request)
+        packed = request.packed_maps
         self._watches[peer] += 1
         try:
             async for update in run.watch(node_id):
-                encoded, version = self._replies(run).update(update, base)
+                encoded, version = self._replies(run).update(update, base, packed)
                 if base is not None:
                     base = version
                 yield encoded
