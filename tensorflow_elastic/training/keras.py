@@ -107,10 +107,13 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._commit_error: Exception | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        strategy = runtime_lib.current().strategy
+        runtime = runtime_lib.current()
+        strategy = runtime.strategy
         if strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy (and the model in "
                                "its scope) before calling fit")
+        # A newcomer that warmed up joins here, its `fit` call started (see warm_up).
+        runtime.join_in_step()
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
@@ -135,7 +138,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._commit_error = None
         keras_3 = not _is_tf_keras(self.model)
         self._retries_in_fit = fit_retry.retries_in_fit(
-            keras_3, keras_3 and _scale_losses_at_run_time(), runtime_lib.current().training,
+            keras_3, keras_3 and _scale_losses_at_run_time(), runtime.training,
             self.commit_every, self.state.snapshot_every)
 
     def _resume(self, passes: int | None) -> None:
@@ -354,6 +357,11 @@ class ChiefOnly(tf.keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
+        # Before it asks who the chief is: a newcomer listed before the ElasticCallback joins
+        # here (see warm_up).
+        runtime = runtime_lib.current_or_none()
+        if runtime is not None:
+            runtime.join_in_step()
         if not self._runs_here():
             return
         if (self.state.epoch or self.state.batch) and hasattr(self.callback, "append"):
@@ -521,12 +529,17 @@ def warm_up(model: Any, dataset: Any, steps: int = 1) -> bool:
     Keras 3 it serves every world size, so the node's first step in the job traces nothing
     (tf-keras traces it again for the world size it joins). The state sync that admits the
     node replaces what these steps changed in the state (weights, optimizer, counters).
+
+    The node then joins at its training `fit` call's start (in the ElasticCallback's
+    on_train_begin), not before it: the members wait for neither its input's distribution
+    nor the rest of `fit`'s start.
     """
     if not warm_up_lib.joining():
         return False
     _follow_world_size(model, model.distribute_strategy)
     # The dataset as it is: the strategy's input takes only one that ends with its batch.
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+    runtime_lib.current().join_at_fit_start()
     return True
 
 

@@ -13,8 +13,11 @@ from tensorflow_elastic.strategy import runtime as runtime_lib
 def runtime_as(monkeypatch):
     def use(standby: bool | None):
         runtime = None if standby is None else SimpleNamespace(
-            session=SimpleNamespace(standby=standby))
+            session=SimpleNamespace(standby=standby), asked=[])
+        if runtime is not None:
+            runtime.join_at_fit_start = lambda: runtime.asked.append("join_at_fit_start")
         monkeypatch.setattr(runtime_lib, "_runtime", runtime)
+        return runtime
 
     return use
 
@@ -38,3 +41,14 @@ def test_keras_warm_up_runs_nothing_on_a_member(runtime_as):
     runtime_as(standby=False)
     model = SimpleNamespace(fit=lambda *args, **kwargs: pytest.fail("fit ran on a member"))
     assert not tfe.keras.warm_up(model, dataset=None)
+
+
+def test_keras_warm_up_runs_fit_then_leaves_the_join_to_the_fit_call_s_start(runtime_as,
+                                                                             monkeypatch):
+    runtime = runtime_as(standby=True)
+    monkeypatch.setattr("tensorflow_elastic.training.keras._follow_world_size",
+                        lambda model, strategy: None)
+    model = SimpleNamespace(distribute_strategy=None,
+                            fit=lambda *args, **kwargs: runtime.asked.append("fit"))
+    assert tfe.keras.warm_up(model, dataset=None)
+    assert runtime.asked == ["fit", "join_at_fit_start"]
