@@ -10,7 +10,11 @@ import pytest
 
 from tensorflow_elastic.proto import rendezvous_pb2 as pb
 from tensorflow_elastic.proto import rendezvous_pb2_grpc as pb_grpc
-from tensorflow_elastic.rendezvous import Client, RendezvousError, member_deltas, packed_maps
+from tensorflow_elastic.rendezvous import (Client, Membership, RendezvousError, member_deltas,
+                                           packed_maps)
+from tensorflow_elastic.rendezvous.client import read_membership
+from tensorflow_elastic.rendezvous.map_replies import MapReplies
+from tensorflow_elastic.rendezvous.member_deltas import MapVersion
 from tensorflow_elastic.rendezvous.server import Orchestrator
 from tensorflow_elastic.rendezvous.settings import RunSettings
 
@@ -90,3 +94,18 @@ def test_a_packed_map_that_cannot_be_read_is_a_clear_error():
     for damaged in (b"not zlib", zlib.compress(b"\xff\xff\xff")):
         with pytest.raises(RendezvousError, match="packed member map could not be read"):
             packed_maps.members_of(pb.Membership(packed_members=damaged))
+
+
+def test_a_large_delta_goes_packed_and_applies_onto_the_map_named():
+    replies = MapReplies()
+    old = {i: f"10.0.0.{i}:2222" for i in range(3)}
+    new = {**{i: a for i, a in old.items() if i != 1},
+           **{i: f"10.0.1.{i}:2222" for i in range(10, 10 + _NODES)}}
+    base = MapVersion(1, member_deltas.digest(old))
+    replies.join_tail(Membership(None, 1, old, 0), None)  # the map the client was sent
+    sent = pb.JoinResponse.FromString(
+        replies.join_tail(Membership(None, 2, new, 0), base, packed=True)).membership
+    assert sent.delta and not sent.members and sent.packed_members
+    assert list(sent.removed) == [1]
+    client = read_membership(None, sent, (base, old))[0]
+    assert client.members == new
