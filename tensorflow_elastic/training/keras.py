@@ -530,16 +530,19 @@ def warm_up(model: Any, dataset: Any, steps: int = 1) -> bool:
     (tf-keras traces it again for the world size it joins). The state sync that admits the
     node replaces what these steps changed in the state (weights, optimizer, counters).
 
-    The node then joins at its training `fit` call's start (in the ElasticCallback's
-    on_train_begin), not before it: the members wait for neither its input's distribution
-    nor the rest of `fit`'s start.
+    Under Keras 3 the node then joins at its training `fit` call's start (in the
+    ElasticCallback's on_train_begin), not before it: the members wait for neither its input's
+    distribution nor the rest of `fit`'s start. (tf-keras joins before the call: its
+    TensorBoard and ModelCheckpoint choose, as the call starts, whether this worker is the
+    chief.)
     """
     if not warm_up_lib.joining():
         return False
     _follow_world_size(model, model.distribute_strategy)
     # The dataset as it is: the strategy's input takes only one that ends with its batch.
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
-    runtime_lib.current().join_at_fit_start()
+    if not _is_tf_keras(model):
+        runtime_lib.current().join_at_fit_start()
     return True
 
 
