@@ -112,8 +112,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         if strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy (and the model in "
                                "its scope) before calling fit")
-        # A newcomer that warmed up joins here, its `fit` call started (see warm_up).
-        runtime.join_in_step()
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
@@ -130,6 +128,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
                 f"batches per pass: an elastic epoch is one pass over a finite input; pass "
                 f"steps_per_epoch={passes} (or none), or .repeat() the input")
+        # A newcomer that warmed up joins here, its `fit` call started (see warm_up), before
+        # anything that reads the state or the world size.
+        runtime.join_in_step()
         _follow_world_size(self.model, strategy)
         if self._input is not None:
             with strategy.scope():
