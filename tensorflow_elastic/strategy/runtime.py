@@ -118,6 +118,7 @@ class ElasticRuntime:
         self._commits_before = 0
         self._reforms_without_progress = 0
         self._decided: BaseException | None = None
+        self._decided_cause: BaseException | None = None
         # Whether this node recovers inside its step, and the members that did not at the last
         # sync (they begin their step next; the members tell each other with the state:
         # sync_facts).
@@ -200,9 +201,12 @@ class ElasticRuntime:
                 except StepRestarts:
                     continue  # recovered and synced inside the step, which starts again
                 except Exception as error:  # noqa: BLE001 - decide() sorts it
-                    if error is self._decided or self._pending_join is not None:
-                        raise  # decided inside the step, or broke its recovery there; or
-                        # raised before this node joined: no fault of the job's
+                    if error is self._decided:
+                        # Decided inside the step, or broke its recovery there: as it was
+                        # raised there (Keras' `fit` drops the cause it chained).
+                        raise error from self._decided_cause
+                    if self._pending_join is not None:
+                        raise  # raised before this node joined: no fault of the job's
                     self._recover_step(state, error)
                 else:
                     self._refuse_pending_join("returned")
@@ -210,7 +214,7 @@ class ElasticRuntime:
                     return result
         finally:
             self.training = False
-            self._decided = None
+            self._decided = self._decided_cause = None
             self._pending_join = None
 
     def recover_in_step(self, state, error: Exception) -> frozenset[int]:
@@ -226,7 +230,7 @@ class ElasticRuntime:
         try:
             self._recover_step(state, error)
         except BaseException as decided:
-            self._decided = decided
+            self._note_decided(decided)
             raise
         finally:
             self._recovering_in_step = False
@@ -250,8 +254,15 @@ class ElasticRuntime:
             self._move_to_next_generation(state)
             self._sync_until_it_holds(state)
         except BaseException as decided:
-            self._decided = decided
+            self._note_decided(decided)
             raise
+        # The step goes on from the synced state: a failure in it counts from there.
+        self._commits_before = state.commits
+
+    def _note_decided(self, decided: BaseException) -> None:
+        """The error a recovery or join inside the step ended with, and its cause: the loop
+        raises it as it is."""
+        self._decided, self._decided_cause = decided, decided.__cause__
 
     def _refuse_pending_join(self, what: str) -> None:
         if self._pending_join is not None:

@@ -112,8 +112,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         if strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy (and the model in "
                                "its scope) before calling fit")
-        # A newcomer that warmed up joins here, its `fit` call started (see warm_up).
-        runtime.join_in_step()
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
@@ -130,6 +128,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
                 f"batches per pass: an elastic epoch is one pass over a finite input; pass "
                 f"steps_per_epoch={passes} (or none), or .repeat() the input")
+        # A newcomer that warmed up joins here, its `fit` call started (see warm_up), before
+        # anything that reads the state or the world size.
+        runtime.join_in_step()
         _follow_world_size(self.model, strategy)
         if self._input is not None:
             with strategy.scope():
@@ -530,16 +531,19 @@ def warm_up(model: Any, dataset: Any, steps: int = 1) -> bool:
     (tf-keras traces it again for the world size it joins). The state sync that admits the
     node replaces what these steps changed in the state (weights, optimizer, counters).
 
-    The node then joins at its training `fit` call's start (in the ElasticCallback's
-    on_train_begin), not before it: the members wait for neither its input's distribution
-    nor the rest of `fit`'s start.
+    Under Keras 3 the node then joins at its training `fit` call's start (in the
+    ElasticCallback's on_train_begin), not before it: the members wait for neither its input's
+    distribution nor the rest of `fit`'s start. (tf-keras joins before the call: its
+    TensorBoard and ModelCheckpoint choose, as the call starts, whether this worker is the
+    chief.)
     """
     if not warm_up_lib.joining():
         return False
     _follow_world_size(model, model.distribute_strategy)
     # The dataset as it is: the strategy's input takes only one that ends with its batch.
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
-    runtime_lib.current().join_at_fit_start()
+    if not _is_tf_keras(model):
+        runtime_lib.current().join_at_fit_start()
     return True
 
 

@@ -355,3 +355,52 @@ def test_a_newcomer_that_did_not_warm_up_fit_joins_before_its_step(job, monkeypa
     monkeypatch.setattr(job.session, "finish", lambda step: done.append("finish"))
     job.train(_Commits(), lambda: done.append("step"))
     assert done == ["join", "sync", "step", "finish"]
+
+
+def test_an_error_that_ends_the_join_inside_the_step_is_raised_as_it_is(fit_newcomer,
+                                                                         monkeypatch):
+    """Not recovered again by the loop, and with the cause it was raised with, though Keras'
+    `fit` drops it on the way."""
+    job, done = fit_newcomer
+    cause = ValueError("the layouts differ")
+
+    def join(state):
+        raise ElasticJobFailed("this node's state could not be synced") from cause
+
+    monkeypatch.setattr(job, "_move_to_next_generation", join)
+    monkeypatch.setattr(job, "_recover_step", lambda state, error: pytest.fail("recovered"))
+
+    def step():
+        try:
+            job.join_in_step()
+        except Exception as error:
+            raise error from None  # what Keras 3's traceback filtering does
+
+    with pytest.raises(ElasticJobFailed) as raised:
+        job.train(_Commits(), step)
+    assert raised.value.__cause__ is cause
+
+
+def test_a_failure_after_the_join_inside_the_step_is_recovered_from_the_synced_commit(
+        fit_newcomer, monkeypatch):
+    job, done = fit_newcomer
+    state = _Commits()
+
+    def sync(state):
+        state.commits = 7  # the members' commit
+        done.append("sync")
+
+    monkeypatch.setattr(job, "_sync_until_it_holds", sync)
+    recovered_from = []
+    monkeypatch.setattr(job, "_recover_step",
+                        lambda state, error: recovered_from.append(job._commits_before))
+    calls = []
+
+    def step():
+        job.join_in_step()
+        calls.append(1)
+        if len(calls) == 1:
+            raise cluster_error()
+
+    job.train(state, step)
+    assert recovered_from == [7] and done == ["join", "sync", "finish"]

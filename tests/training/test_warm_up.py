@@ -52,3 +52,16 @@ def test_keras_warm_up_runs_fit_then_leaves_the_join_to_the_fit_call_s_start(run
                             fit=lambda *args, **kwargs: runtime.asked.append("fit"))
     assert tfe.keras.warm_up(model, dataset=None)
     assert runtime.asked == ["fit", "join_at_fit_start"]
+
+
+def test_a_tf_keras_newcomer_joins_before_its_fit_call(runtime_as, monkeypatch):
+    """tf-keras' TensorBoard and ModelCheckpoint choose at the call's start whether this
+    worker is the chief: a standby node alone would take itself for it."""
+    runtime = runtime_as(standby=True)
+    monkeypatch.setattr("tensorflow_elastic.training.keras._follow_world_size",
+                        lambda model, strategy: None)
+    legacy = type("Sequential", (), {"__module__": "tf_keras.src.engine.sequential",
+                                     "distribute_strategy": None,
+                                     "fit": lambda self, *a, **k: runtime.asked.append("fit")})
+    assert tfe.keras.warm_up(legacy(), dataset=None)
+    assert runtime.asked == ["fit"]
