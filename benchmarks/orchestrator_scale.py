@@ -31,9 +31,10 @@ are deltas) and heartbeats. Measured:
   span (on one machine they share its cores: the clients' reading of every watch stream
   counts against the orchestrator's writes).
 
-The simulated nodes read only the head of their join replies (their ids, the map's name and
-the interval asked for): a real node parses one member map on its own host, 10,000 of them
-parsed here would take the machine from the orchestrator. With ``--soak_minutes``, a live
+The simulated nodes ask for packed member maps, as Client does, and read only the head of
+their join replies (their ids, the map's name and the interval asked for): a real node
+unpacks one member map on its own host, 10,000 of them unpacked here would take the machine
+from the orchestrator. With ``--soak_minutes``, a live
 node removed after its own client left a gap longer than the run's timeout between two of
 its beats counts as ``removed_while_client_late``, not as a false removal: the clients'
 lateness says nothing of the orchestrator.
@@ -173,7 +174,7 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         return pb.JoinRequest(
             run_id=RUN_ID, address=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}:2222",
             min_nodes=max(1, nodes // 2), max_nodes=nodes, nonce=f"n{i}", timeout_s=600,
-            known_map=latest_map(), omit_members=omit_members)
+            known_map=latest_map(), omit_members=omit_members, packed_maps=True)
 
     async def call_retried(call, request):
         while True:
@@ -372,7 +373,8 @@ async def _simulate(conn, endpoint: str, indices: list[int], nodes: int, interva
         while True:
             try:
                 async for update in stub.Watch(pb.WatchRequest(
-                        run_id=RUN_ID, node_id=node_id, known_map=maps.get(node_id))):
+                        run_id=RUN_ID, node_id=node_id, known_map=maps.get(node_id),
+                        packed_maps=True)):
                     maps[node_id] = pb.KnownMap(generation=update.membership.generation,
                                                 digest=update.membership.digest)
                     if update.membership.generation > generation["now"]:

@@ -6,7 +6,8 @@ joins share), which keeps run_state (the state's pure transitions; saved via sto
 liveness and blocklist; client.py calls it, and keepalive.py carries the heartbeats of all a
 process's nodes on one stream. Member maps travel
 as deltas against the map the client holds: member_deltas.py (digest, diff, apply, the maps
-a run keeps), map_replies.py (their encoding in join replies and watch updates).
+a run keeps), map_replies.py (their encoding in join replies and watch updates), packed_maps.py
+(large maps compressed for the clients that read them).
 A worker's side of membership (its session, phase and watchdog) lives in membership/.
 
 >>> from tensorflow_elastic.rendezvous import Client, Orchestrator

@@ -41,6 +41,7 @@ from tensorflow_elastic.rendezvous.errors import (
     LEADER_METADATA_KEY, NOT_LEADER, OrchestratorUnreachableError, RendezvousError)
 from tensorflow_elastic.rendezvous.keepalive import KeepAliveStream
 from tensorflow_elastic.rendezvous.member_deltas import DeltaMismatch, MapVersion
+from tensorflow_elastic.rendezvous.packed_maps import members_of
 from tensorflow_elastic.rendezvous.settings import (
     CLIENT_RECONNECT_BACKOFF_MAX_S, CLIENT_RETRY_BACKOFF_MAX_S, MAX_JOINS_PER_CALL)
 from tensorflow_elastic.rendezvous.types import (
@@ -75,7 +76,7 @@ HeldMap = tuple[MapVersion, dict[int, str]]
 
 def membership_from_proto(node_id: int | None, m: pb.Membership,
                           taken_back_after: str = "") -> Membership:
-    return Membership(node_id, m.generation, dict(m.members), m.chief_id, taken_back_after)
+    return Membership(node_id, m.generation, members_of(m), m.chief_id, taken_back_after)
 
 
 def read_membership(node_id: int | None, m: pb.Membership, held: HeldMap | None,
@@ -83,13 +84,13 @@ def read_membership(node_id: int | None, m: pb.Membership, held: HeldMap | None,
     """The membership ``m`` carries, whole or as a delta against ``held`` (the map the request
     named), and the map now held; DeltaMismatch when the delta does not apply to it."""
     if not m.delta:
-        members = dict(m.members)
+        members = members_of(m)
     elif held is None or held[0] != MapVersion(m.base.generation, m.base.digest):
         raise DeltaMismatch(f"a delta against generation {m.base.generation}, which this "
                             f"client did not name")
     else:
         members = member_deltas.apply(held[1], held[0].digest, member_deltas.Delta(
-            dict(m.members), list(m.removed)), m.digest)
+            members_of(m), list(m.removed)), m.digest)
     return (Membership(node_id, m.generation, members, m.chief_id, taken_back_after),
             (MapVersion(m.generation, m.digest), members))
 
@@ -190,7 +191,7 @@ class Client:
         address, min_nodes, max_nodes = self._join_args
         req = pb.JoinRequest(run_id=self.run_id, address=address, min_nodes=min_nodes,
                              max_nodes=max_nodes, last_generation=self.generation,
-                             nonce=nonce, timeout_s=_remaining(deadline))
+                             nonce=nonce, timeout_s=_remaining(deadline), packed_maps=True)
         if self.node_id is not None:
             req.node_id = self.node_id
         _name_map(req, held)
@@ -214,7 +215,8 @@ class Client:
                 logger.warning("the member map of a join reply did not check out (%s); "
                                "asking for the whole map", e)
                 continue
-            if with_members or response.membership.members or response.membership.delta:
+            sent = response.membership
+            if with_members or sent.members or sent.packed_members or sent.delta:
                 self._held = now_held  # (an orchestrator may send the map all the same)
             self.node_id = response.node_id
             self.generation = response.membership.generation
@@ -242,7 +244,7 @@ class Client:
         nonce = uuid.uuid4().hex
         response = self._call(lambda stub: stub.Join, lambda: pb.JoinRequest(
             run_id=self.run_id, address=address, min_nodes=min_nodes, max_nodes=max_nodes,
-            nonce=nonce, timeout_s=self.call_timeout, register_only=True))
+            nonce=nonce, timeout_s=self.call_timeout, register_only=True, packed_maps=True))
         self.node_id = response.node_id
         return self.node_id
 
@@ -259,7 +261,7 @@ class Client:
         # A watch starts with the current state, so subscribing again loses nothing.
         named = True  # naming the map held; not after a delta that did not check out
         while not self._closed:
-            request = pb.WatchRequest(run_id=self.run_id)
+            request = pb.WatchRequest(run_id=self.run_id, packed_maps=True)
             if self.node_id is not None:
                 request.node_id = self.node_id
             held = self._held if named else None

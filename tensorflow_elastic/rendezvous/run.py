@@ -113,6 +113,8 @@ class Run:
         self._version = 0
         # Nodes queued since the last commit: a call commits the nodes it queued once.
         self._queued = 0
+        # While a batch of joins enters: whether a generation forms is decided once, after.
+        self._forming_deferred = False
         # The state's member map, its copy that memberships share, and the chief.
         self._shared_members: tuple[dict[int, str], dict[int, str], int] | None = None
         # What watchers see: the update of the last durable save, and a count of them.
@@ -228,15 +230,21 @@ class Run:
         waits: dict[int, tuple[Node, int, float, float]] = {}
         removals: dict[int, str] = {}
         newcomers = False
-        for index, entry in enumerate(entries):
-            try:
-                node, removals[index] = self._enter(entry)
-            except RendezvousError as e:
-                answers[index] = e
-                continue
-            newcomers |= entry.node_id is None
-            waits[index] = (node, entry.last_generation, entry.timeout,
-                            time.monotonic() + entry.timeout)
+        self._forming_deferred = True  # the batch's nodes are queued first, then it decides
+        try:
+            for index, entry in enumerate(entries):
+                try:
+                    node, removals[index] = self._enter(entry)
+                except RendezvousError as e:
+                    answers[index] = e
+                    continue
+                newcomers |= entry.node_id is None
+                waits[index] = (node, entry.last_generation, entry.timeout,
+                                time.monotonic() + entry.timeout)
+        finally:
+            self._forming_deferred = False
+        if self._queued:
+            self._maybe_form()  # a generation it forms commits the nodes queued
         if self._queued:
             self._commit(wakes_joins=False, urgent=False)
         if newcomers:
@@ -493,7 +501,8 @@ class Run:
         self._queued += 1
         self._log(ev.NODE_JOINED, node.node_id, [node.node_id],
                   detail or f"waiting, address {node.address}", address=node.address)
-        self._maybe_form()
+        if not self._forming_deferred:
+            self._maybe_form()
 
     async def _wait_for_generations(self, waits: dict[int, tuple[Node, int, float, float]],
                                     answers: list[Membership | RendezvousError | None]) -> None:
@@ -546,11 +555,12 @@ class Run:
             raise RendezvousTimeoutError(refusals.join_timeout_message(state, node, timeout))
         return False
 
-    def ask_interval(self, node_id: int) -> float:
-        """The shortest heartbeat interval this run asks of ``node_id``, whose join returns now
-        (its reply says it); its silence is judged by it from now on."""
+    def ask_interval(self, node_ids: Sequence[int]) -> float:
+        """The shortest heartbeat interval this run asks of ``node_ids``, whose joins return now
+        (their replies say it); their silences are judged by it from now on."""
         interval = beat_interval_floor(len(self._state.nodes))
-        self._intervals.ask(node_id, interval)
+        for node_id in node_ids:
+            self._intervals.ask(node_id, interval)
         return interval
 
     def heartbeat_timeout(self) -> float:

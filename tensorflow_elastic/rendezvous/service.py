@@ -9,7 +9,8 @@ expire.
 
 When a generation forms, every member's join returns and every watcher gets
 an update, all carrying the member map, or what changed in it since the map the
-client holds (map_replies.py: encoded once per change, sent as bytes).
+client holds (map_replies.py: encoded once per change, sent as bytes), packed for clients that
+read packed maps (packed_maps.py).
 """
 
 from __future__ import annotations
@@ -225,7 +226,7 @@ class RendezvousService:
     def _join_tail(self, run: Run, request: pb.JoinRequest) -> bytes:
         """The run's current membership as the end of a join reply to ``request``."""
         return self._replies(run).join_tail(self._membership(run), known_map(request),
-                                            request.omit_members)
+                                            request.omit_members, request.packed_maps)
 
     # ------------------------------------------------------------------ RPCs
 
@@ -285,9 +286,23 @@ class RendezvousService:
         answers: list[tuple[bytes, bytes] | RendezvousError | None] = [None] * len(requests)
         batches: dict[Run, list[int]] = {}
         registrations = []
+        # The run of entries that passed the run's checks, by what those checks read: a
+        # launcher's entries differ only in their own fields (address, nonce, timeout). Kept
+        # while nothing awaits, so no other call changed the run in between.
+        checked: dict[tuple, Run] = {}
         for index, request in enumerate(requests):
+            key = (request.run_id, request.min_nodes, request.max_nodes,
+                   request.HasField("node_id"), request.register_only, request.last_generation)
             try:
-                run = await self._run_for_join(request)
+                run = checked.get(key)
+                if run is not None:
+                    _check_entry(request)
+                else:
+                    created = request.run_id not in self._runs
+                    run = await self._run_for_join(request)
+                    if created:
+                        checked.clear()
+                    checked[key] = run
             except RendezvousError as e:
                 answers[index] = e
                 continue
@@ -307,8 +322,7 @@ class RendezvousService:
     async def _run_for_join(self, request: pb.JoinRequest) -> Run:
         """Checks a join and returns its run, created by a first join."""
         _check_run_id(request.run_id)
-        _check_address(request.address)
-        _check_text("nonce", request.nonce, MAX_NONCE)
+        _check_entry(request)
         if request.max_nodes < 1:
             raise InvalidArgumentError(f"max_nodes={request.max_nodes}: it must be at least 1")
         try:
@@ -321,7 +335,6 @@ class RendezvousService:
             raise InvalidArgumentError(f"max_nodes={request.max_nodes} exceeds {MAX_NODES}")
         if request.last_generation < 0:
             raise InvalidArgumentError("last_generation must be 0 (none) or a generation number")
-        _check_timeout(request.timeout_s)
         if request.register_only and request.HasField("node_id"):
             raise InvalidArgumentError("register_only gives out a new id: omit node_id")
         run = self._runs.get(request.run_id)
@@ -357,22 +370,25 @@ class RendezvousService:
             JoinEntry(r.address, r.node_id if r.HasField("node_id") else None,
                       r.last_generation, r.nonce, r.timeout_s) for r in batch])
         held = []
-        # The run's current membership, which is what _join_tail encodes: the same for the
-        # whole batch (nothing awaits in between), so encoded once per map named and kind.
-        tails: dict[tuple[MapVersion | None, bool], bytes] = {}
         for index, request, answer in zip(indices, batch, joined):
             if isinstance(answer, RendezvousError):
                 answers[index] = answer
+            else:
+                held.append((answer.node_id, not request.HasField("node_id")))
+        interval = run.ask_interval([node_id for node_id, _ in held])
+        # The run's current membership, which is what _join_tail encodes: the same for the
+        # whole batch (nothing awaits in between), so encoded once per map named and kind.
+        tails: dict[tuple[MapVersion | None, bool, bool], bytes] = {}
+        for index, request, answer in zip(indices, batch, joined):
+            if isinstance(answer, RendezvousError):
                 continue
-            node_id = answer.node_id
-            held.append((node_id, not request.HasField("node_id")))
-            key = (known_map(request), request.omit_members)
+            key = (known_map(request), request.omit_members, request.packed_maps)
             tail = tails.get(key)
             if tail is None:
                 tail = tails[key] = self._join_tail(run, request)
-            answers[index] = (pb.JoinResponse(node_id=node_id,
+            answers[index] = (pb.JoinResponse(node_id=answer.node_id,
                                               taken_back_after=answer.taken_back_after,
-                                              heartbeat_interval_s=run.ask_interval(node_id)
+                                              heartbeat_interval_s=interval
                                               ).SerializeToString(),
                               tail)
         if held:
@@ -434,10 +450,11 @@ class RendezvousService:
         node_id = request.node_id if request.HasField("node_id") else None
         # A watcher that names its map gets deltas, each against the update before it.
         base = known_map(request)
+        packed = request.packed_maps
         self._watches[peer] += 1
         try:
             async for update in run.watch(node_id):
-                encoded, version = self._replies(run).update(update, base)
+                encoded, version = self._replies(run).update(update, base, packed)
                 if base is not None:
                     base = version
                 yield encoded
@@ -556,6 +573,13 @@ def _field_prefix(number: int, size: int) -> bytes:
 
 def _serialize(reply: Any) -> bytes:
     return reply if isinstance(reply, bytes) else reply.SerializeToString()
+
+
+def _check_entry(request: pb.JoinRequest) -> None:
+    """A join's checks of the fields that are its own (not its run's)."""
+    _check_address(request.address)
+    _check_text("nonce", request.nonce, MAX_NONCE)
+    _check_timeout(request.timeout_s)
 
 
 def _check_run_id(run_id: str) -> None:

@@ -118,6 +118,7 @@ class ElasticRuntime:
         self._commits_before = 0
         self._reforms_without_progress = 0
         self._decided: BaseException | None = None
+        self._decided_cause: BaseException | None = None
         # Whether this node recovers inside its step, and the members that did not at the last
         # sync (they begin their step next; the members tell each other with the state:
         # sync_facts).
@@ -126,6 +127,10 @@ class ElasticRuntime:
         # (generation, every member's state-sync message) gathered at its barrier, until the
         # generation's first sync takes it.
         self._gathered_at_start: tuple[int, dict[int, bytes]] | None = None
+        # Whether a joining node joins at its `fit` call's start rather than before its step
+        # (join_at_fit_start), and the state it then syncs, until it joined.
+        self._joins_at_fit_start = False
+        self._pending_join: Any = None
 
     def start(self) -> None:
         """Joins (or registers), configures TensorFlow for this node, then follows the membership.
@@ -187,7 +192,8 @@ class ElasticRuntime:
         self._reforms_without_progress = 0
         self.training = True
         try:
-            self._sync_until_it_holds(state)
+            if self._pending_join is None:
+                self._sync_until_it_holds(state)
             while True:
                 self._commits_before = state.commits
                 try:
@@ -196,14 +202,20 @@ class ElasticRuntime:
                     continue  # recovered and synced inside the step, which starts again
                 except Exception as error:  # noqa: BLE001 - decide() sorts it
                     if error is self._decided:
-                        raise  # decided inside the step, or broke its recovery there
+                        # Decided inside the step, or broke its recovery there: as it was
+                        # raised there (Keras' `fit` drops the cause it chained).
+                        raise error from self._decided_cause
+                    if self._pending_join is not None:
+                        raise  # raised before this node joined: no fault of the job's
                     self._recover_step(state, error)
                 else:
+                    self._refuse_pending_join("returned")
                     self.session.finish(state.commits)
                     return result
         finally:
             self.training = False
-            self._decided = None
+            self._decided = self._decided_cause = None
+            self._pending_join = None
 
     def recover_in_step(self, state, error: Exception) -> frozenset[int]:
         """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
@@ -218,11 +230,46 @@ class ElasticRuntime:
         try:
             self._recover_step(state, error)
         except BaseException as decided:
-            self._decided = decided
+            self._note_decided(decided)
             raise
         finally:
             self._recovering_in_step = False
         return self._beginning_step
+
+    def join_at_fit_start(self) -> None:
+        """A joining node that trains with Keras `fit` and warmed it up joins at its `fit` call's
+        start (the elastic callback's on_train_begin, `join_in_step`) instead of before its
+        step: the members then wait for neither its input's distribution nor the rest of
+        `fit`'s start."""
+        self._joins_at_fit_start = True
+
+    def join_in_step(self) -> None:
+        """Inside `train`'s step: joins the job and takes the members' state, when this node's
+        join waits for its step (join_at_fit_start); otherwise does nothing. What goes wrong
+        is raised as the loop would raise it."""
+        state, self._pending_join = self._pending_join, None
+        if state is None:
+            return
+        try:
+            self._move_to_next_generation(state)
+            self._sync_until_it_holds(state)
+        except BaseException as decided:
+            self._note_decided(decided)
+            raise
+        # The step goes on from the synced state: a failure in it counts from there.
+        self._commits_before = state.commits
+
+    def _note_decided(self, decided: BaseException) -> None:
+        """The error a recovery or join inside the step ended with, and its cause: the loop
+        raises it as it is."""
+        self._decided, self._decided_cause = decided, decided.__cause__
+
+    def _refuse_pending_join(self, what: str) -> None:
+        if self._pending_join is not None:
+            raise ElasticJobFailed(
+                f"the step {what} before this node joined the job: a node that warmed up with "
+                f"tfe.keras.warm_up joins at the start of its `fit` call, in the ElasticCallback; "
+                f"train it with `fit` and that callback (or tfe.keras.fit_elastic)")
 
     def _recover_step(self, state, error: Exception) -> None:
         self._recover(state, error, in_step=True)
@@ -268,18 +315,23 @@ class ElasticRuntime:
 
     def _begin_training(self, state) -> None:
         """Before the first step: a node joining a running job prepares to receive the state,
-        then joins (the sync that follows gives it the members' state); a member prepares
-        the syncs of its state (tracing either side of one in a recovery would hold it)."""
+        then joins (the sync that follows gives it the members' state), or leaves the join to
+        its step (join_at_fit_start); a member prepares the syncs of its state (tracing either
+        side of one in a recovery would hold it)."""
         state.bind(self)
         if self.session.standby:
             state.prepare_to_join()
-            self._move_to_next_generation(state)
+            if self._joins_at_fit_start:
+                self._pending_join = state
+            else:
+                self._move_to_next_generation(state)
         else:
             state.prepare_syncs()
 
     def commit(self, state) -> None:
         """A step boundary: the state's snapshot (by its commit policy), the progress, and the
         vote; raises MembershipChanged on every member at the same commit when any voted."""
+        self._refuse_pending_join("committed")
         self.session.check_job_alive()
         vote = self._extended().vote
         tally = state.count_commit(vote.read_tally)
@@ -315,11 +367,13 @@ class ElasticRuntime:
         if isinstance(error, StateLayoutMismatch):
             self.session.leave(f"state layout differs: {error}")
             raise error
-        # The orchestrator keeps short reasons; the error itself says it all.
-        self.session.leave(f"state sync failed: {str(error).splitlines()[0][:200]}")
+        # The orchestrator keeps short reasons; the error itself, chained, says it all.
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.session.leave(f"state sync failed: {first_line[:200]}")
         raise StateLayoutMismatch(
-            f"this node's state could not be synced from the members' ({error}): build the same "
-            f"model, optimizer and inputs on every node before training") from error
+            f"this node's state could not be synced from the members' ({first_line[:500]}): "
+            f"build the same model, optimizer and inputs on every node before training") \
+            from error
 
     def _reform(self, state) -> None:
         """The next generation with the members still there, and the state's reset callbacks

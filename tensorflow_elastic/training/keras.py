@@ -107,7 +107,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._commit_error: Exception | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
-        strategy = runtime_lib.current().strategy
+        runtime = runtime_lib.current()
+        strategy = runtime.strategy
         if strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy (and the model in "
                                "its scope) before calling fit")
@@ -127,6 +128,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 f"steps_per_epoch={self.steps_per_epoch} but the input has {passes} global "
                 f"batches per pass: an elastic epoch is one pass over a finite input; pass "
                 f"steps_per_epoch={passes} (or none), or .repeat() the input")
+        # A newcomer that warmed up joins here, its `fit` call started (see warm_up), before
+        # anything that reads the state or the world size.
+        runtime.join_in_step()
         _follow_world_size(self.model, strategy)
         if self._input is not None:
             with strategy.scope():
@@ -135,7 +139,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._commit_error = None
         keras_3 = not _is_tf_keras(self.model)
         self._retries_in_fit = fit_retry.retries_in_fit(
-            keras_3, keras_3 and _scale_losses_at_run_time(), runtime_lib.current().training,
+            keras_3, keras_3 and _scale_losses_at_run_time(), runtime.training,
             self.commit_every, self.state.snapshot_every)
 
     def _resume(self, passes: int | None) -> None:
@@ -354,6 +358,11 @@ class ChiefOnly(tf.keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         self._training = True
+        # Before it asks who the chief is: a newcomer listed before the ElasticCallback joins
+        # here (see warm_up).
+        runtime = runtime_lib.current_or_none()
+        if runtime is not None:
+            runtime.join_in_step()
         if not self._runs_here():
             return
         if (self.state.epoch or self.state.batch) and hasattr(self.callback, "append"):
@@ -521,12 +530,20 @@ def warm_up(model: Any, dataset: Any, steps: int = 1) -> bool:
     Keras 3 it serves every world size, so the node's first step in the job traces nothing
     (tf-keras traces it again for the world size it joins). The state sync that admits the
     node replaces what these steps changed in the state (weights, optimizer, counters).
+
+    Under Keras 3 the node then joins at its training `fit` call's start (in the
+    ElasticCallback's on_train_begin), not before it: the members wait for neither its input's
+    distribution nor the rest of `fit`'s start. (tf-keras joins before the call: its
+    TensorBoard and ModelCheckpoint choose, as the call starts, whether this worker is the
+    chief.)
     """
     if not warm_up_lib.joining():
         return False
     _follow_world_size(model, model.distribute_strategy)
     # The dataset as it is: the strategy's input takes only one that ends with its batch.
     model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
+    if not _is_tf_keras(model):
+        runtime_lib.current().join_at_fit_start()
     return True
 
 

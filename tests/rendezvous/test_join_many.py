@@ -128,6 +128,38 @@ def test_a_bad_entry_gets_its_error_and_the_others_join():
                 c.close()
 
 
+def test_each_entry_is_checked_though_alike_entries_share_their_runs_checks():
+    with Orchestrator("127.0.0.1", 0, settings=_SETTINGS) as server:
+        stub = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint))
+        long_nonce, no_time, other_size = (_entry(23431, nodes=2), _entry(23432, nodes=2),
+                                           _entry(23433, nodes=3))
+        long_nonce.nonce = "n" * 65
+        no_time.timeout_s = 0
+        reply = stub.JoinMany(pb.JoinManyRequest(joins=[
+            _entry(23430, nodes=2), long_nonce, no_time, other_size, _entry(23434, nodes=2)]),
+            timeout=30)
+        first, *refused, last = reply.answers
+        assert [answer.HasField("reply") for answer in refused] == [False] * 3
+        assert [answer.code for answer in refused] == [
+            grpc.StatusCode.INVALID_ARGUMENT.value[0]] * 2 + [
+            grpc.StatusCode.FAILED_PRECONDITION.value[0]]
+        assert "nonce is 65 characters" in refused[0].message
+        assert "timeout_s=0" in refused[1].message
+        assert "max_nodes=2 but this node asks for 3:3" in refused[2].message
+        assert sorted([first.reply.node_id, last.reply.node_id]) == _members(server) == [0, 1]
+
+
+def test_a_batch_past_max_nodes_forms_with_its_first_entries_and_the_rest_wait():
+    with Orchestrator("127.0.0.1", 0, settings=_SETTINGS) as server:
+        stub = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint))
+        reply = stub.JoinMany(pb.JoinManyRequest(joins=[
+            _entry(23440 + i, nodes=2, timeout_s=1.0) for i in range(3)]), timeout=30)
+        first, second, third = reply.answers
+        assert [first.reply.node_id, second.reply.node_id] == _members(server) == [0, 1]
+        assert first.reply.membership.generation == 1
+        assert not third.HasField("reply") and "waiting" in third.message
+
+
 def test_a_retried_batch_keeps_its_nodes_by_their_nonces():
     with Orchestrator("127.0.0.1", 0, settings=_SETTINGS) as server:
         stub = pb_grpc.RendezvousStub(grpc.insecure_channel(server.endpoint))

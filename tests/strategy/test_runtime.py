@@ -282,3 +282,125 @@ def test_a_member_prepares_its_state_s_syncs_before_its_first(job):
     state = _PreparingState()
     job._begin_training(state)
     assert state.asked == ["bind", "prepare_syncs"]
+
+
+@pytest.fixture
+def fit_newcomer(job, monkeypatch):
+    """A standby node that warmed `fit` up; its joins and syncs recorded, not run."""
+    monkeypatch.setattr(MembershipSession, "standby", property(lambda self: True))
+    done = []
+    monkeypatch.setattr(job, "_move_to_next_generation", lambda state: done.append("join"))
+    monkeypatch.setattr(job, "_sync_until_it_holds", lambda state: done.append("sync"))
+    monkeypatch.setattr(job.session, "finish", lambda step: done.append("finish"))
+    job.join_at_fit_start()
+    return job, done
+
+
+class _Commits(_PreparingState):
+    commits = 0
+
+
+def test_a_newcomer_that_warmed_up_fit_joins_inside_its_step_not_before(fit_newcomer):
+    """The members wait for neither its input's distribution nor the rest of `fit`'s start."""
+    job, done = fit_newcomer
+    state = _Commits()
+
+    def step():
+        done.append("fit starts")
+        job.join_in_step()
+        job.join_in_step()  # joined: nothing more
+        done.append("first batch")
+
+    job.train(state, step)
+    assert state.asked == ["bind", "prepare_to_join"]
+    assert done == ["fit starts", "join", "sync", "first batch", "finish"]
+
+
+@pytest.mark.parametrize("how", ["returns", "commits"])
+def test_a_step_that_never_joins_after_the_fit_warm_up_fails_with_the_fix(fit_newcomer, how):
+    job, done = fit_newcomer
+
+    def step():
+        if how == "commits":
+            job.commit(_Commits())
+
+    with pytest.raises(ElasticJobFailed, match="ElasticCallback"):
+        job.train(_Commits(), step)
+    assert "join" not in done and "finish" not in done
+
+
+def test_an_error_raised_before_the_pending_join_is_raised_as_it_is(fit_newcomer, monkeypatch):
+    """Not a fault of the job's (this node is no member yet): no recovery, no re-form."""
+    job, done = fit_newcomer
+    monkeypatch.setattr(job, "_recover_step", lambda state, error: pytest.fail("recovered"))
+
+    def step():
+        raise cluster_error()
+
+    with pytest.raises(type(cluster_error())):
+        job.train(_Commits(), step)
+    assert done == []
+
+
+def cluster_error() -> Exception:
+    from tensorflow.python.framework import errors
+    return errors.UnavailableError(None, None, "a peer is gone")
+
+
+def test_a_newcomer_that_did_not_warm_up_fit_joins_before_its_step(job, monkeypatch):
+    monkeypatch.setattr(MembershipSession, "standby", property(lambda self: True))
+    done = []
+    monkeypatch.setattr(job, "_move_to_next_generation", lambda state: done.append("join"))
+    monkeypatch.setattr(job, "_sync_until_it_holds", lambda state: done.append("sync"))
+    monkeypatch.setattr(job.session, "finish", lambda step: done.append("finish"))
+    job.train(_Commits(), lambda: done.append("step"))
+    assert done == ["join", "sync", "step", "finish"]
+
+
+def test_an_error_that_ends_the_join_inside_the_step_is_raised_as_it_is(fit_newcomer,
+                                                                         monkeypatch):
+    """Not recovered again by the loop, and with the cause it was raised with, though Keras'
+    `fit` drops it on the way."""
+    job, done = fit_newcomer
+    cause = ValueError("the layouts differ")
+
+    def join(state):
+        raise ElasticJobFailed("this node's state could not be synced") from cause
+
+    monkeypatch.setattr(job, "_move_to_next_generation", join)
+    monkeypatch.setattr(job, "_recover_step", lambda state, error: pytest.fail("recovered"))
+
+    def step():
+        try:
+            job.join_in_step()
+        except Exception as error:
+            raise error from None  # what Keras 3's traceback filtering does
+
+    with pytest.raises(ElasticJobFailed) as raised:
+        job.train(_Commits(), step)
+    assert raised.value.__cause__ is cause
+
+
+def test_a_failure_after_the_join_inside_the_step_is_recovered_from_the_synced_commit(
+        fit_newcomer, monkeypatch):
+    job, done = fit_newcomer
+    state = _Commits()
+
+    def sync(state):
+        state.commits = 7  # the members' commit
+        done.append("sync")
+
+    monkeypatch.setattr(job, "_sync_until_it_holds", sync)
+    recovered_from = []
+    monkeypatch.setattr(job, "_recover_step",
+                        lambda state, error: recovered_from.append(job._commits_before))
+    calls = []
+
+    def step():
+        job.join_in_step()
+        calls.append(1)
+        if len(calls) == 1:
+            raise cluster_error()
+
+    job.train(state, step)
+    assert recovered_from == [7] and done == ["join", "sync", "finish"]

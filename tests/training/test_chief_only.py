@@ -83,3 +83,24 @@ def test_outside_a_fit_call_a_new_chief_begins_no_training(tmp_path, monkeypatch
     wrapped.set_model(model)
     wrapped.on_test_begin()
     assert not (tmp_path / "log.csv").exists()
+
+
+def test_a_newcomer_joins_before_a_chief_only_callback_listed_first_asks_who_leads(
+        tmp_path, monkeypatch):
+    """With a join left to the `fit` call's start (tfe.keras.warm_up), the first elastic
+    callback to begin makes it: a standby node would otherwise take itself for the chief."""
+    from types import SimpleNamespace
+
+    from tensorflow_elastic.strategy import runtime as runtime_lib
+
+    happened = []
+    monkeypatch.setattr(runtime_lib, "_runtime",
+                        SimpleNamespace(join_in_step=lambda: happened.append("joined")))
+    monkeypatch.setattr(keras_lib, "_is_chief", lambda: happened.append("asked") or False)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+    wrapped = tfe.keras.ChiefOnly(tf.keras.callbacks.CSVLogger(str(tmp_path / "log.csv")),
+                                  tfe.State(epoch=0, batch=0))
+    wrapped.set_model(model)
+    happened.clear()
+    wrapped.on_train_begin()
+    assert happened == ["joined", "asked"]

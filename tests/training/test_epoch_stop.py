@@ -40,3 +40,31 @@ def test_a_callback_that_stops_the_training_is_not_undone(callback, when):
         assert callback.model.stop_training is True
     callback.on_epoch_end(0)
     assert callback.model.stop_training
+
+
+def test_a_newcomer_joins_before_the_callback_reads_where_training_is(monkeypatch):
+    """The join's sync gives the state the members' (epoch, batch): the callback resumes there,
+    and reads the world size only after the join."""
+    from types import SimpleNamespace
+
+    from tensorflow_elastic.strategy import runtime as runtime_lib
+    from tensorflow_elastic.training import keras as keras_lib
+
+    state = tfe.State(epoch=0, batch=0)
+    happened = []
+
+    def join():
+        state.epoch, state.batch = 2, 5
+        happened.append("joined")
+
+    strategy = SimpleNamespace(extended=SimpleNamespace(latest_input=None))
+    monkeypatch.setattr(runtime_lib, "_runtime",
+                        SimpleNamespace(strategy=strategy, join_in_step=join, training=True))
+    monkeypatch.setattr(keras_lib, "_follow_world_size",
+                        lambda model, strategy: happened.append("world size"))
+    callback = tfe.keras.ElasticCallback(state, steps_per_epoch=8)
+    callback.set_model(tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)]))
+    callback.set_params({"epochs": 3, "steps": 8, "verbose": 0})
+    callback.on_train_begin()
+    assert happened == ["joined", "world size"]
+    assert callback.model._initial_epoch == 2 and callback._first_batch == 5
