@@ -285,15 +285,21 @@ def test_a_member_prepares_its_state_s_syncs_before_its_first(job):
 
 
 @pytest.fixture
-def fit_newcomer(job, monkeypatch):
-    """A standby node that warmed `fit` up; its joins and syncs recorded, not run."""
+def newcomer(job, monkeypatch):
+    """A standby node; its joins, syncs and finish recorded, not run."""
     monkeypatch.setattr(MembershipSession, "standby", property(lambda self: True))
     done = []
     monkeypatch.setattr(job, "_move_to_next_generation", lambda state: done.append("join"))
     monkeypatch.setattr(job, "_sync_until_it_holds", lambda state: done.append("sync"))
     monkeypatch.setattr(job.session, "finish", lambda step: done.append("finish"))
-    job.join_at_fit_start()
     return job, done
+
+
+@pytest.fixture
+def fit_newcomer(newcomer):
+    """A standby node that warmed `fit` up."""
+    newcomer[0].join_at_fit_start()
+    return newcomer
 
 
 class _Commits(_PreparingState):
@@ -347,12 +353,8 @@ def cluster_error() -> Exception:
     return errors.UnavailableError(None, None, "a peer is gone")
 
 
-def test_a_newcomer_that_did_not_warm_up_fit_joins_before_its_step(job, monkeypatch):
-    monkeypatch.setattr(MembershipSession, "standby", property(lambda self: True))
-    done = []
-    monkeypatch.setattr(job, "_move_to_next_generation", lambda state: done.append("join"))
-    monkeypatch.setattr(job, "_sync_until_it_holds", lambda state: done.append("sync"))
-    monkeypatch.setattr(job.session, "finish", lambda step: done.append("finish"))
+def test_a_newcomer_that_did_not_warm_up_fit_joins_before_its_step(newcomer):
+    job, done = newcomer
     job.train(_Commits(), lambda: done.append("step"))
     assert done == ["join", "sync", "step", "finish"]
 
