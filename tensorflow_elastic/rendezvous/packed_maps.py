@@ -43,6 +43,11 @@ def members_of(membership: pb.Membership) -> dict[int, str]:
         serialized = inflate.decompress(membership.packed_members, _MAX_UNPACKED)
         if inflate.unconsumed_tail:
             raise ValueError(f"it unpacks to more than {_MAX_UNPACKED} bytes")
+        # A cut stream would otherwise parse as a smaller map (zlib checks its sum at its end).
+        if not inflate.eof:
+            raise ValueError("it ends before its compressed stream does")
+        if inflate.unused_data:
+            raise ValueError("bytes follow its compressed stream")
         return dict(pb.Membership.FromString(serialized).members)
     except Exception as e:  # noqa: BLE001 - zlib.error, DecodeError, ValueError alike
         raise RendezvousError(f"the orchestrator's packed member map could not be read "

@@ -30,8 +30,11 @@ def encode(value: Any) -> bytes:
     """`value` (numbers, strings, bytes, None, lists, tuples, dicts with string keys, numpy
     arrays and scalars of numbers) as bytes; `decode` gives back the same types. A subclass
     (a defaultdict, a namedtuple) is refused rather than changed into its base."""
-    return json.dumps(_to_json(value, "value"), allow_nan=True,
-                      separators=(",", ":")).encode()
+    converted = _to_json(value, "value")
+    try:
+        return json.dumps(converted, allow_nan=True, separators=(",", ":")).encode()
+    except ValueError as e:  # an int too long for JSON's text
+        raise NotPlainData(f"value cannot be written as plain data: {e}") from None
 
 
 def check(value: Any) -> None:
@@ -39,7 +42,8 @@ def check(value: Any) -> None:
     every commit) is checked without encoding it: the encoding cost 10-50 us a commit, the
     largest part of a small model's."""
     if type(value) is dict and _TAG not in value and all(
-            type(k) is str and (v is None or type(v) in _SCALARS) for k, v in value.items()):
+            type(k) is str and (v is None or type(v) in _SCALARS)
+            and (type(v) is not int or v.bit_length() <= 64) for k, v in value.items()):
         return
     encode(value)
 

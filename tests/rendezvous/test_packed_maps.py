@@ -91,7 +91,9 @@ def test_a_client_reads_a_packed_map_from_its_join_and_its_watch(monkeypatch):
 
 
 def test_a_packed_map_that_cannot_be_read_is_a_clear_error():
-    for damaged in (b"not zlib", zlib.compress(b"\xff\xff\xff")):
+    whole = packed_maps.pack({node: f"10.0.0.{node}:2222" for node in range(100)})
+    for damaged in (b"not zlib", zlib.compress(b"\xff\xff\xff"), whole + b"\x00",
+                    *(whole[:cut] for cut in range(len(whole) // 2, len(whole)))):
         with pytest.raises(RendezvousError, match="packed member map could not be read"):
             packed_maps.members_of(pb.Membership(packed_members=damaged))
 

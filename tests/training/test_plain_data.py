@@ -54,7 +54,8 @@ def test_anything_else_is_refused_with_what_to_do(value, says):
         plain_data.encode(value)
 
 
-@pytest.mark.parametrize("value, says", REFUSED + [({"n": np.int64(1), "f": open}, "is a builtin")])
+@pytest.mark.parametrize("value, says", REFUSED + [({"n": np.int64(1), "f": open}, "is a builtin"),
+                                                   ({"n": 10**5000}, "cannot be written")])
 def test_check_refuses_what_encode_refuses(value, says):
     with pytest.raises(NotPlainData, match=says):
         plain_data.check(value)
