@@ -299,9 +299,11 @@ class RendezvousService:
                     _check_entry(request)
                 else:
                     created = request.run_id not in self._runs
-                    run = await self._run_for_join(request)
-                    if created:
-                        checked.clear()
+                    try:
+                        run = await self._run_for_join(request)
+                    finally:
+                        if created:  # it awaited: other calls may have changed any run
+                            checked.clear()
                     checked[key] = run
             except RendezvousError as e:
                 answers[index] = e

@@ -368,7 +368,7 @@ class ElasticRuntime:
             self.session.leave(f"state layout differs: {error}")
             raise error
         # The orchestrator keeps short reasons; the error itself, chained, says it all.
-        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        first_line = (str(error).splitlines() or [type(error).__name__])[0]
         self.session.leave(f"state sync failed: {first_line[:200]}")
         raise StateLayoutMismatch(
             f"this node's state could not be synced from the members' ({first_line[:500]}): "
