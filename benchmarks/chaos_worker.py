@@ -155,11 +155,13 @@ def report_step(step: int) -> None:
 _background_marks: list[tuple[str, float]] = []  # from other threads, printed by the main one
 
 
-def mark(name: str) -> None:
+def mark(name: str, t: float | None = None) -> None:
+    """Prints the trace line `name` (at `t`, by default now), after the other threads' marks."""
     while _background_marks:
-        earlier, t = _background_marks.pop(0)
-        print(json.dumps({"trace": earlier, "t": t, "node": runtime.node_id}), flush=True)
-    print(json.dumps({"trace": name, "t": time.time(), "node": runtime.node_id}), flush=True)
+        earlier, at = _background_marks.pop(0)
+        print(json.dumps({"trace": earlier, "t": at, "node": runtime.node_id}), flush=True)
+    print(json.dumps({"trace": name, "t": time.time() if t is None else t,
+                      "node": runtime.node_id}), flush=True)
 
 
 def traced_abort() -> None:
@@ -242,10 +244,21 @@ else:
 
     state = ChaosState(workload.model, workload.model.optimizer, epoch=0, batch=0)
 
+    class BatchEnded(tf.keras.callbacks.Callback):
+        """Before the elastic callback: when the batch's train function returned (with --trace,
+        marked as "batch_end" at the first step of each generation; the step line follows the
+        commit)."""
+
+        t = 0.0
+
+        def on_train_batch_end(self, batch, logs=None):
+            BatchEnded.t = time.time()
+
     class Driven(tf.keras.callbacks.Callback):
         """After the elastic callback's commit: the step line, the driver's pause, the stop."""
 
         step = 0
+        generation = None
 
         def on_train_begin(self, logs=None):
             if args.trace:
@@ -263,6 +276,9 @@ else:
             Driven.step = step = state.batch
             if args.trace and batch == 0:
                 mark("first_step")
+            if args.trace and Driven.generation != runtime.generation:
+                Driven.generation = runtime.generation
+                mark("batch_end", BatchEnded.t)
             report_step(step)
             pause_point()
             if step >= stop_step():
@@ -310,8 +326,8 @@ def train(state):
         if args.trace:
             mark("fit")
             faulthandler.dump_traceback_later(STACKS_AFTER_S)
-        workload.model.fit(examples, epochs=1,
-                           verbose=0, callbacks=[tfe.keras.ElasticCallback(state), Driven()])
+        workload.model.fit(examples, epochs=1, verbose=0,
+                           callbacks=[BatchEnded(), tfe.keras.ElasticCallback(state), Driven()])
 
 
 train(state)

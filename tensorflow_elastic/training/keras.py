@@ -105,6 +105,8 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # error of a commit it takes at the next batch's start.
         self._retries_in_fit = False
         self._commit_error: Exception | None = None
+        # The retry of this `fit` call's start, until the call's first metric reset ran.
+        self._fit_start: fit_retry.FitStartRetry | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         runtime = runtime_lib.current()
@@ -141,6 +143,12 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._retries_in_fit = fit_retry.retries_in_fit(
             keras_3, keras_3 and _scale_losses_at_run_time(), runtime.training,
             self.commit_every, self.state.snapshot_every)
+        if self._retries_in_fit:
+            # A failure in the call's own collectives (its first epoch's metric reset, paired
+            # with the members') is recovered from here too: the call begins its epoch again.
+            start = (self.state.epoch, self._first_batch)
+            self._fit_start = fit_retry.FitStartRetry(
+                self.model, lambda error: self._recover(error, start, beginning=True))
 
     def _resume(self, passes: int | None) -> None:
         """Makes this `fit` start at the committed (epoch, batch) rather than its initial epoch."""
@@ -184,17 +192,20 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 self._recover(error, start)
             fit_retry.BatchRetry(self.model, lambda error: self._recover(error, start))
 
-    def _recover(self, error: Exception, batch_start: tuple[int, int]) -> None:
+    def _recover(self, error: Exception, batch_start: tuple[int, int],
+                 beginning: bool = False) -> None:
         """After `error` ended the batch that started at `batch_start` (epoch, batch), or was
         raised by the commit before it: recovers as `tfe.run` does (back to the last commit or
         finish the step together, re-form, sync), then sets the input to that batch, which
         runs in this `fit` call (after the `fit` start's own collectives, when a member begins
         its `fit` call now: a failure in them is recovered from the same way); or raises (what
         the loop decided, or StepRestarts: every member enters `fit` again, from the synced
-        state)."""
+        state). `beginning`: `error` struck this call's start, at `batch_start`, before its
+        first batch (FitStartRetry): this node begins its call, as the members are told, and
+        runs the start's collectives again itself."""
         runtime = runtime_lib.current()
         while True:
-            beginning_fit = runtime.recover_in_step(self.state, error)
+            beginning_fit = runtime.recover_in_step(self.state, error, beginning=beginning)
             synced_to = (self.state.epoch, self.state.batch)
             one_device_each = (runtime.strategy.num_replicas_in_sync
                                == runtime.membership.world_size)
@@ -203,7 +214,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             if isinstance(how, str):
                 raise runtime_lib.StepRestarts(how)
             try:
-                if how.with_new_fits:
+                if how.with_new_fits and not beginning:
                     self.model.reset_metrics()
                 break
             except Exception as failed:  # noqa: BLE001 - the elastic loop's decision sorts it
@@ -271,6 +282,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._epoch_end_pending = True
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        if self._fit_start is not None:
+            self._fit_start.remove()  # a call with no epoch to run
+            self._fit_start = None
         # A later fit without this callback starts where its own arguments say.
         if _is_tf_keras(self.model):
             self.model._training_state = None
