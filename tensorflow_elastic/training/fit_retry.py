@@ -34,10 +34,12 @@ def retries_in_fit(keras_3: bool, one_trace_for_every_world: bool, in_elastic_ru
 class GoOn:
     """The `fit` call goes on from where it was. `with_new_fits`: some members begin a `fit`
     call now (newcomers; members whose failure struck outside their `fit`), and Keras 3
-    begins one with collectives of its own before its first batch (the metrics' reset reads
-    each metric back across the workers): this member runs them too, so that the
-    generation's collectives pair. (With several devices a worker it also reduces the
-    first batch across the workers, before its callbacks begin: see after_recovery.)"""
+    begins one with a reset of the metrics: this member resets its metrics too, so that
+    every worker's count from the same batch (and, where a reset reads each metric back
+    across the workers, so that the generation's collectives pair: under the elastic
+    strategy Keras 3's does not, see keras.py). (With several devices a worker a beginning
+    call also reduces the first batch across the workers, before its callbacks begin: see
+    after_recovery.)"""
 
     with_new_fits: bool
 

@@ -22,6 +22,7 @@ import weakref
 from typing import Any, Callable, Iterable
 
 import tensorflow as tf
+from tensorflow.python.distribute import values
 
 from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
@@ -114,6 +115,9 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         if strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy (and the model in "
                                "its scope) before calling fit")
+        if not _is_tf_keras(self.model):
+            # Before this call's first metric reset, on every node alike.
+            _set_metrics_without_reading_them_back()
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
@@ -526,6 +530,44 @@ def _scale_losses_at_run_time() -> bool:
 
 
 _scaling_installed = False
+
+
+def _set_metrics_without_reading_them_back() -> bool:
+    """Makes Keras 3 set a metric's variables (its reset) without reading them back across the
+    workers, under the elastic strategy; True once done.
+
+    Keras' assign returns the value it was given, but TensorFlow's assign of a sync-on-read
+    variable (a metric's, under a multi-worker strategy) outside a replica also reads the
+    variable back: an all-reduce per variable that every worker must join. `fit` resets the
+    metrics at every epoch's start, so a node beginning its `fit` call (a newcomer) needed
+    every member to run the same reset, and a failure in that reset ended its call. Without
+    the read, the reset is each worker's own; other strategies keep Keras' assign.
+    """
+    global _metric_sets_installed
+    if _metric_sets_installed:
+        return True
+    try:
+        from keras.src.backend.tensorflow import core as keras_tf_core
+    except ImportError:  # another Keras layout: its resets stay collectives (paired, see fit_retry)
+        return False
+    original = getattr(keras_tf_core.Variable, "_direct_assign", None)
+    if not callable(original):
+        return False
+
+    def direct_assign(variable, value):
+        held = getattr(variable, "_value", None)
+        if isinstance(held, values.SyncOnReadVariable) and getattr(
+                held.distribute_strategy.extended, "replicas_variable", None) is not None:
+            held.assign(tf.cast(value, held.dtype), read_value=False)
+        else:
+            original(variable, value)
+
+    keras_tf_core.Variable._direct_assign = direct_assign
+    _metric_sets_installed = True
+    return True
+
+
+_metric_sets_installed = False
 
 
 def _follow_world_size(model: Any, strategy: Any) -> None:
