@@ -622,6 +622,10 @@ class MembershipSession:
         newest generation already), but its collectives still stop: a member
         lost after this node's barrier leaves the sync's collective waiting.
         """
+        if self.phase in (WorkerPhase.LEAVING, WorkerPhase.FINISHED):
+            # Its training is over: no collective of its waits, and an abort now would run
+            # beside its exit (its runtime torn down under the abort).
+            return
         if self.phase in (WorkerPhase.MEMBER, WorkerPhase.STEPPED_ASIDE, WorkerPhase.REMOVED):
             self._generation_ended.set()
         # Peers are gone: stop waiting on them now rather than at the timeout.

@@ -28,7 +28,8 @@ from tensorflow.python.distribute import distribute_lib
 
 from tensorflow_elastic import death_notice as death_notice_lib
 from tensorflow_elastic import environment, memory, net
-from tensorflow_elastic.errors import ElasticJobFailed, MembershipChanged, StateLayoutMismatch
+from tensorflow_elastic.errors import (ElasticJobFailed, GenerationEnded, MembershipChanged,
+                                       StateLayoutMismatch)
 from tensorflow_elastic.membership.session import (DEFAULT_BARRIER_TIMEOUT_S,
                                                    DEFAULT_JOIN_TIMEOUT_S,
                                                    DEFAULT_ORCHESTRATOR_WAIT_S,
@@ -412,6 +413,10 @@ class ElasticRuntime:
         the workers' log files). Members tell each other how many replicas they drive with
         their state (sync_facts): the generation's collectives are sized by it."""
         state.sync()
+        if self._interrupts.ended_below > self.generation:
+            # The generation ended once the sync's collectives had completed: the step would
+            # run up to its first collective only to find it aborted.
+            raise GenerationEnded(f"generation {self.generation} ended during the state sync")
         if self._change is not None:
             if self._change.cause:
                 self.session.progress.recovered(time.monotonic() - self._change.started,

@@ -251,6 +251,21 @@ def test_a_member_notices_the_end_of_its_generation(generation, state, ended):
     assert session.wants_reform() == ended and lost == ([8] if ended else [])
 
 
+@pytest.mark.parametrize("phase", [WorkerPhase.LEAVING, WorkerPhase.FINISHED])
+def test_a_node_whose_training_is_over_aborts_nothing_when_its_generation_ends(phase):
+    """A leaver (a preemption notice, the job's end) hears of the generation its leave ended
+    while it exits."""
+    session = _member_of_generation_7()
+    session.phases.move(WorkerPhase.LEAVING, "a leave requested")
+    if phase is WorkerPhase.FINISHED:
+        session.phases.move(phase, "left")
+    lost = []
+    session._on_peers_lost = lambda reason, live_from: lost.append(live_from)
+    session._on_heartbeat(HeartbeatInfo(8, Phase.ACTIVE, 0, 0, True, 0))
+    session._note_generation_ended("membership changed", 9)
+    assert lost == []
+
+
 def test_a_removed_node_whose_address_is_blocked_waits_the_block_out_to_come_back(caplog):
     settings = RunSettings(heartbeat_timeout=1.0, last_call=0.2, blocklist_after=1,
                            blocklist_cooldown=1.0)

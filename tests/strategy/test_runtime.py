@@ -207,6 +207,35 @@ def test_no_probe_when_the_orchestrator_already_moved_on(job, monkeypatch):
     assert reported == [[]]
 
 
+class _Synced:
+    commits = 3
+
+    def __init__(self):
+        self.syncs = 0
+
+    def sync(self):
+        self.syncs += 1
+
+
+def test_a_sync_done_after_its_generation_ended_re_forms_before_the_step(job, monkeypatch):
+    """Its collectives completed before the abort: the step would only find its first one
+    aborted, a whole computation later."""
+    monkeypatch.setattr(cluster, "abort_collectives", lambda reason: None)
+    job.session.membership = Membership(0, 3, {0: "a", 1: "b"}, 0)
+    reforms = []
+
+    def reform(state):
+        reforms.append(job.generation)
+        job.session.membership = Membership(0, 4, {0: "a"}, 0)
+
+    monkeypatch.setattr(job, "_reform", reform)
+    monkeypatch.setattr(job.session, "tell_agent", lambda: None)
+    job._interrupts.peers_lost("membership changed", 4)  # while generation 3's sync ran
+    state = _Synced()
+    job._sync_until_it_holds(state)
+    assert reforms == [3] and state.syncs == 2
+
+
 def _hang_after(bound_exit_call: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """A process that arms the exit deadline with `bound_exit_call`, then hangs."""
     script = ("import threading\n"
