@@ -218,7 +218,7 @@ class ElasticRuntime:
             self._decided = self._decided_cause = None
             self._pending_join = None
 
-    def recover_in_step(self, state, error: Exception, beginning: bool = False) -> frozenset[int]:
+    def recover_in_step(self, state, error: Exception) -> frozenset[int]:
         """Inside `train`'s step: recovers from `error`, which ended the step's latest piece of
         work (a Keras batch) or was raised at its commit (a change the members voted for), as
         the loop would (go back to the last commit or finish the step together, re-form, sync).
@@ -226,12 +226,8 @@ class ElasticRuntime:
         failure struck outside it; the sync told them all): they begin their step now. The
         step goes on in place, every member in its step alike, or raises `StepRestarts`, as
         every member then does. Raises what the loop would raise (the loop raises it again as
-        it is).
-
-        `beginning`: `error` struck the step's own beginning (a Keras `fit` call's start, whose
-        collectives the members run with a node that begins its call): this node is then told
-        to the members as one that begins its step, and runs that beginning again."""
-        self._recovering_in_step, self._beginning_step = not beginning, frozenset()
+        it is)."""
+        self._recovering_in_step, self._beginning_step = True, frozenset()
         try:
             self._recover_step(state, error)
         except BaseException as decided:

@@ -35,10 +35,10 @@ class GoOn:
     """The `fit` call goes on from where it was. `with_new_fits`: some members begin a `fit`
     call now (newcomers; members whose failure struck outside their `fit`), and Keras 3
     begins one with a reset of the metrics: this member resets its metrics too, so that
-    every worker's count from the same batch (and, where a reset reads each metric back
-    across the workers, so that the generation's collectives pair: under the elastic
-    strategy Keras 3's does not, see keras.py). (With several devices a worker a beginning
-    call also reduces the first batch across the workers, before its callbacks begin: see
+    every worker counts from the same batch (where that reset reads each metric back across
+    the workers, so that the generation's collectives pair too: under the elastic strategy
+    Keras 3's does not, see keras.py). (With several devices a worker a beginning call also
+    reduces the first batch across the workers, before its callbacks begin: see
     after_recovery.)"""
 
     with_new_fits: bool
@@ -97,39 +97,3 @@ class BatchRetry:
         finally:
             if self.model.train_function is self:
                 self.model.train_function = self.function
-
-
-class FitStartRetry:
-    """The model's metric reset at its `fit` call's first epoch start, the collectives of the
-    call's beginning (they pair with the reset the members run for a node that begins its
-    call): a failure goes to `recover`, which returns when the call can go on from its start
-    (the node told the members it begins its call: they reset with it), else raises; then
-    the reset runs again. The model's own reset is back as soon as it returns or raises, and
-    when a later `fit` call begins (a call that ended before its first epoch)."""
-
-    def __init__(self, model: Any, recover: Callable[[Exception], None]):
-        self.model = model
-        reset = model.reset_metrics
-        earlier = reset if isinstance(reset, FitStartRetry) else None
-        self.reset = reset if earlier is None else earlier.reset
-        # Whether the model held a reset of its own (not its class's): it gets that back.
-        self.own = ("reset_metrics" in vars(model) if earlier is None else earlier.own)
-        self.recover = recover
-        model.reset_metrics = self
-
-    def __call__(self) -> None:
-        try:
-            while True:
-                try:
-                    return self.reset()
-                except Exception as error:  # noqa: BLE001 - the elastic loop's decision sorts it
-                    self.recover(error)
-        finally:
-            self.remove()
-
-    def remove(self) -> None:
-        if vars(self.model).get("reset_metrics") is self:
-            if self.own:
-                self.model.reset_metrics = self.reset
-            else:
-                del self.model.reset_metrics

@@ -18,20 +18,25 @@ batch).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import weakref
 from typing import Any, Callable, Iterable
 
 import tensorflow as tf
-from tensorflow.python.distribute import values
+from tensorflow.python.distribute import values as values_lib
 
 from tensorflow_elastic.data.batched import global_batches_per_pass
 from tensorflow_elastic.strategy import runtime as runtime_lib
+from tensorflow_elastic.strategy.strategy import ElasticExtended
 from tensorflow_elastic.tf_internals import private, require
 from tensorflow_elastic.training import fit_retry
 from tensorflow_elastic.training import warm_up as warm_up_lib
 from tensorflow_elastic.training.state import State
 # tfe.keras.MembershipSummaries
 from tensorflow_elastic.training.summaries import MembershipSummaries  # noqa: F401
+
+logger = logging.getLogger(__name__)
 
 # What `make_*_function` sets (tf-keras also keeps the tf.function behind its train function).
 _FUNCTIONS = ("train_function", "train_tf_function", "test_function", "predict_function")
@@ -106,8 +111,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         # error of a commit it takes at the next batch's start.
         self._retries_in_fit = False
         self._commit_error: Exception | None = None
-        # The retry of this `fit` call's start, until the call's first metric reset ran.
-        self._fit_start: fit_retry.FitStartRetry | None = None
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         runtime = runtime_lib.current()
@@ -115,9 +118,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         if strategy is None:
             raise RuntimeError("create the ElasticMultiWorkerMirroredStrategy (and the model in "
                                "its scope) before calling fit")
-        if not _is_tf_keras(self.model):
-            # Before this call's first metric reset, on every node alike.
-            _set_metrics_without_reading_them_back()
         # The training input is the one the strategy distributed last: fit distributes it
         # before calling on_train_begin, its validation input later.
         self._input = getattr(strategy.extended, "latest_input", None)
@@ -147,12 +147,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._retries_in_fit = fit_retry.retries_in_fit(
             keras_3, keras_3 and _scale_losses_at_run_time(), runtime.training,
             self.commit_every, self.state.snapshot_every)
-        if self._retries_in_fit:
-            # A failure in the call's own collectives (its first epoch's metric reset, paired
-            # with the members') is recovered from here too: the call begins its epoch again.
-            start = (self.state.epoch, self._first_batch)
-            self._fit_start = fit_retry.FitStartRetry(
-                self.model, lambda error: self._recover(error, start, beginning=True))
 
     def _resume(self, passes: int | None) -> None:
         """Makes this `fit` start at the committed (epoch, batch) rather than its initial epoch."""
@@ -196,20 +190,17 @@ class ElasticCallback(tf.keras.callbacks.Callback):
                 self._recover(error, start)
             fit_retry.BatchRetry(self.model, lambda error: self._recover(error, start))
 
-    def _recover(self, error: Exception, batch_start: tuple[int, int],
-                 beginning: bool = False) -> None:
+    def _recover(self, error: Exception, batch_start: tuple[int, int]) -> None:
         """After `error` ended the batch that started at `batch_start` (epoch, batch), or was
         raised by the commit before it: recovers as `tfe.run` does (back to the last commit or
         finish the step together, re-form, sync), then sets the input to that batch, which
         runs in this `fit` call (after the `fit` start's own collectives, when a member begins
         its `fit` call now: a failure in them is recovered from the same way); or raises (what
         the loop decided, or StepRestarts: every member enters `fit` again, from the synced
-        state). `beginning`: `error` struck this call's start, at `batch_start`, before its
-        first batch (FitStartRetry): this node begins its call, as the members are told, and
-        runs the start's collectives again itself."""
+        state)."""
         runtime = runtime_lib.current()
         while True:
-            beginning_fit = runtime.recover_in_step(self.state, error, beginning=beginning)
+            beginning_fit = runtime.recover_in_step(self.state, error)
             synced_to = (self.state.epoch, self.state.batch)
             one_device_each = (runtime.strategy.num_replicas_in_sync
                                == runtime.membership.world_size)
@@ -218,7 +209,7 @@ class ElasticCallback(tf.keras.callbacks.Callback):
             if isinstance(how, str):
                 raise runtime_lib.StepRestarts(how)
             try:
-                if how.with_new_fits and not beginning:
+                if how.with_new_fits:
                     self.model.reset_metrics()
                 break
             except Exception as failed:  # noqa: BLE001 - the elastic loop's decision sorts it
@@ -286,9 +277,6 @@ class ElasticCallback(tf.keras.callbacks.Callback):
         self._epoch_end_pending = True
 
     def on_train_end(self, logs: dict | None = None) -> None:
-        if self._fit_start is not None:
-            self._fit_start.remove()  # a call with no epoch to run
-            self._fit_start = None
         # A later fit without this callback starts where its own arguments say.
         if _is_tf_keras(self.model):
             self.model._training_state = None
@@ -321,8 +309,10 @@ class _ResumeAt:
 
 
 def _is_tf_keras(instance: Any) -> bool:
-    """Whether `instance` (a model, a callback) is tf-keras' rather than Keras 3's."""
-    return any(cls.__module__.startswith("tf_keras.") for cls in type(instance).__mro__)
+    """Whether `instance` (a model, a callback, or the class of one) is tf-keras' rather than
+    Keras 3's."""
+    of = instance if isinstance(instance, type) else type(instance)
+    return any(cls.__module__.startswith("tf_keras.") for cls in of.__mro__)
 
 
 class ChiefOnly(tf.keras.callbacks.Callback):
@@ -510,10 +500,9 @@ def _scale_losses_at_run_time() -> bool:
 
     def replicas(value):
         extended = tf.distribute.get_strategy().extended
-        replicas = getattr(extended, "replicas_variable", None)
-        if replicas is None:
+        if not _is_elastic(extended):
             return None
-        return tf.cast(replicas.read_value(), value.dtype)
+        return tf.cast(extended.replicas_variable.read_value(), value.dtype)
 
     def scale(value):
         count = replicas(value)
@@ -532,6 +521,12 @@ def _scale_losses_at_run_time() -> bool:
 _scaling_installed = False
 
 
+def _is_elastic(extended: Any) -> bool:
+    """Whether `extended` (a strategy's) is the elastic strategy's: the only one under which the
+    Keras functions replaced here act differently from Keras' own."""
+    return isinstance(extended, ElasticExtended)
+
+
 def _set_metrics_without_reading_them_back() -> bool:
     """Makes Keras 3 set a metric's variables (its reset) without reading them back across the
     workers, under the elastic strategy; True once done.
@@ -541,33 +536,37 @@ def _set_metrics_without_reading_them_back() -> bool:
     variable back: an all-reduce per variable that every worker must join. `fit` resets the
     metrics at every epoch's start, so a node beginning its `fit` call (a newcomer) needed
     every member to run the same reset, and a failure in that reset ended its call. Without
-    the read, the reset is each worker's own; other strategies keep Keras' assign.
+    the read, the reset is each worker's own; other strategies keep Keras' assign. This covers
+    every sync-on-read Keras variable assigned outside a replica, not only a metric's.
     """
-    global _metric_sets_installed
-    if _metric_sets_installed:
+    global _metric_assign_installed
+    if _metric_assign_installed:
         return True
     try:
         from keras.src.backend.tensorflow import core as keras_tf_core
-    except ImportError:  # another Keras layout: its resets stay collectives (paired, see fit_retry)
-        return False
-    original = getattr(keras_tf_core.Variable, "_direct_assign", None)
+    except ImportError:  # another Keras layout
+        keras_tf_core = None
+    original = getattr(getattr(keras_tf_core, "Variable", None), "_direct_assign", None)
     if not callable(original):
+        logger.warning("Keras metric resets stay collectives across the workers "
+                       "(see docs/compatibility.md)")
         return False
 
+    @functools.wraps(original)
     def direct_assign(variable, value):
         held = getattr(variable, "_value", None)
-        if isinstance(held, values.SyncOnReadVariable) and getattr(
-                held.distribute_strategy.extended, "replicas_variable", None) is not None:
+        if (isinstance(held, values_lib.SyncOnReadVariable)
+                and _is_elastic(held.distribute_strategy.extended)):
             held.assign(tf.cast(value, held.dtype), read_value=False)
         else:
             original(variable, value)
 
     keras_tf_core.Variable._direct_assign = direct_assign
-    _metric_sets_installed = True
+    _metric_assign_installed = True
     return True
 
 
-_metric_sets_installed = False
+_metric_assign_installed = False
 
 
 def _follow_world_size(model: Any, strategy: Any) -> None:
@@ -650,3 +649,9 @@ def fit_elastic(model: Any, state: State, dataset: Any, epochs: int,
     return model.fit(dataset, epochs=epochs,
                      steps_per_epoch=None if steps_per_epoch == cardinality else steps_per_epoch,
                      callbacks=callbacks, **fit_kwargs)
+
+
+# When this module loads (Keras 3 loaded with it), before any Keras code that uses it runs:
+# every node's metric resets behave alike from the job's start, whatever ran before a `fit`.
+if not _is_tf_keras(ElasticCallback):
+    _set_metrics_without_reading_them_back()

@@ -193,63 +193,6 @@ def test_a_failure_in_the_collectives_of_a_beginning_fit_is_recovered_from_in_th
     assert job.reforms == 2 and len(resets) == 2
 
 
-def _failing_reset_at(model, at_resets):
-    """Makes the model's metric reset fail at its `at_resets`-th calls (after its own work, as
-    a collective fails); returns (the reset set on the model, its calls)."""
-    resets = _counting_resets(model)
-    counted = model.reset_metrics
-
-    def failing():
-        counted()
-        if len(resets) in at_resets:
-            raise tf.errors.UnavailableError(None, None, "a member lost in the fit start")
-
-    model.reset_metrics = failing
-    return failing, resets
-
-
-def _telling(job):
-    """Records whether this node told the members, at each exchange, that it recovered
-    inside its step."""
-    told, exchange = [], job.exchange
-
-    def recorded(topic, value):
-        told.append(plain_data.decode(value)["job"].get("in_step"))
-        return exchange(topic, value)
-
-    job.exchange = recorded
-    return told
-
-
-def test_a_failure_in_the_collectives_of_this_fit_calls_start_is_recovered_from_in_the_same_call(
-        job):
-    """A newcomer that joined at its `fit` call's start (or a member entering `fit` again)
-    loses a member in its first epoch's metric reset: it recovers, tells the members it begins
-    its call (they reset with it), resets again and trains, in the same call."""
-    model, batches, fits = _model(), _Batches(), []
-    calls = _failing(model, at_calls=set())
-    own_reset, resets = _failing_reset_at(model, at_resets={1})
-    told = _telling(job)
-    assert _train(model, batches, fits)(tfe.State(epoch=0, batch=0)) == (1, 0)
-    assert len(fits) == 1, "fit was entered again"
-    assert batches.ended == list(range(BATCHES)) and len(calls) == BATCHES
-    assert job.reforms == 1 and len(resets) == 2
-    assert told[-1] is False, "the recovery's sync did not say this node begins its fit"
-    assert model.reset_metrics is own_reset
-
-
-def test_a_fit_call_whose_start_failed_is_entered_again_where_the_members_do(job):
-    """With several devices a worker, the members enter `fit` again for a node that begins its
-    call (its first batch is reduced across the workers): so does this node."""
-    runtime_lib.current().strategy.num_replicas_in_sync = 4  # two devices a worker
-    model, batches, fits = _model(), _Batches(), []
-    _failing(model, at_calls=set())
-    own_reset, resets = _failing_reset_at(model, at_resets={1})
-    assert _train(model, batches, fits)(tfe.State(epoch=0, batch=0)) == (1, 0)
-    assert len(fits) == 2 and job.reforms == 1 and len(resets) == 2
-    assert batches.ended == list(range(BATCHES)) and model.reset_metrics is own_reset
-
-
 def test_every_member_enters_fit_again_when_the_members_in_their_fit_were_at_different_commits(
         job):
     model, batches, fits = _model(), _Batches(), []

@@ -296,26 +296,6 @@ def test_a_step_that_recovers_inside_itself_goes_on_in_place(monkeypatch):
     assert (session.progress.recoveries, session.progress.lost_steps) == (1, 8)
 
 
-@pytest.mark.parametrize("beginning", [False, True])
-def test_a_step_whose_beginning_failed_is_told_to_the_members_as_beginning(monkeypatch,
-                                                                           beginning):
-    """A failure in the step's own beginning (a Keras `fit` call's start): the members learn at
-    the sync that this node begins its step (they run the beginning's collectives with it)."""
-    told = []
-    monkeypatch.setattr(runtime_lib.ElasticRuntime, "sync",
-                        lambda self, state: told.append(self.sync_facts()["in_step"]))
-
-    def train(state):
-        runtime_lib.current().recover_in_step(state, tf.errors.UnavailableError(None, None, "x"),
-                                              beginning=beginning)
-        return "trained"
-
-    session, state, train = _run(monkeypatch, standby=False, commits=5, failures=0, train=train)
-    assert train(state) == "trained"
-    assert told == [False, not beginning] and session.reforms == 1
-    assert runtime_lib.current().sync_facts()["in_step"] is False
-
-
 def test_a_step_that_cannot_go_on_after_its_recovery_starts_again_without_a_second_sync(
         monkeypatch):
     steps, synced = [], []

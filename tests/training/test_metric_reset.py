@@ -4,6 +4,7 @@ every worker must join (a node beginning its `fit` call would need the members' 
 import numpy as np
 import pytest
 import tensorflow as tf
+from keras.src.backend.tensorflow import core as keras_tf_core
 
 from tensorflow_elastic.training import keras as tfe_keras
 
@@ -31,15 +32,33 @@ def _reductions(monkeypatch, strategy):
 @pytest.mark.parametrize("elastic", [True, False])
 def test_a_metric_reset_reads_nothing_back_across_the_workers_under_the_elastic_strategy(
         monkeypatch, elastic):
+    """Loading tfe.keras is enough: no `fit` with the elastic callback ran before the reset."""
     strategy = tf.distribute.MirroredStrategy(["CPU:0"])
     model = _trained(strategy)
     variables = [v for metric in model.metrics for v in metric.variables]
     assert any(float(v.numpy()) != 0.0 for v in variables)
-    if elastic:  # what the elastic strategy has, and Keras' loss scaling reads too
-        monkeypatch.setattr(strategy.extended, "replicas_variable", tf.Variable(1),
-                            raising=False)
-    assert tfe_keras._set_metrics_without_reading_them_back()
+    # The elastic strategy needs a running job: this one stands in for it where it is asked.
+    monkeypatch.setattr(tfe_keras, "_is_elastic", lambda extended: elastic)
     reductions = _reductions(monkeypatch, strategy)
     model.reset_metrics()
     assert len(reductions) == (0 if elastic else len(variables))
     assert all(float(v.numpy()) == 0.0 for v in variables)
+
+
+def test_the_assign_is_replaced_once_however_often_it_is_installed(monkeypatch):
+    """A second install leaves the replacement as it is: no replacement of the replacement."""
+    keras_own = keras_tf_core.Variable._direct_assign.__wrapped__
+    # Both restored after the test: the replacement loading tfe.keras installed stays.
+    monkeypatch.setattr(keras_tf_core.Variable, "_direct_assign", keras_own)
+    monkeypatch.setattr(tfe_keras, "_metric_assign_installed", False)
+    assert tfe_keras._set_metrics_without_reading_them_back()
+    assert tfe_keras._set_metrics_without_reading_them_back()
+    assert keras_tf_core.Variable._direct_assign.__wrapped__ is keras_own
+
+
+def test_a_keras_without_the_assign_keeps_its_own_and_says_so(monkeypatch, caplog):
+    monkeypatch.setattr(keras_tf_core.Variable, "_direct_assign", None)
+    monkeypatch.setattr(tfe_keras, "_metric_assign_installed", False)
+    assert not tfe_keras._set_metrics_without_reading_them_back()
+    assert "Keras metric resets stay collectives across the workers" in caplog.text
+    assert keras_tf_core.Variable._direct_assign is None
