@@ -55,6 +55,8 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_BEATS = 100_000
 
 _BARRIER = "barrier"
+# The key of a join reply's tail that names the map without its members.
+_BARE = (None, True, False)
 _SYNC = "synchronize"
 
 
@@ -372,25 +374,27 @@ class RendezvousService:
             JoinEntry(r.address, r.node_id if r.HasField("node_id") else None,
                       r.last_generation, r.nonce, r.timeout_s) for r in batch])
         held = []
+        answered = []
         for index, request, answer in zip(indices, batch, joined):
             if isinstance(answer, RendezvousError):
                 answers[index] = answer
             else:
                 held.append((answer.node_id, not request.HasField("node_id")))
-        interval = run.ask_interval([node_id for node_id, _ in held])
+                answered.append((index, request, answer))
+        interval = pb.JoinResponse(heartbeat_interval_s=run.ask_interval(
+            [node_id for node_id, _ in held])).SerializeToString()
         # The run's current membership, which is what _join_tail encodes: the same for the
-        # whole batch (nothing awaits in between), so encoded once per map named and kind.
+        # whole batch (nothing awaits in between), so encoded once per map named and kind,
+        # with the interval asked: an entry's own bytes are its node's id alone.
         tails: dict[tuple[MapVersion | None, bool, bool], bytes] = {}
-        for index, request, answer in zip(indices, batch, joined):
-            if isinstance(answer, RendezvousError):
-                continue
-            key = (known_map(request), request.omit_members, request.packed_maps)
+        for index, request, answer in answered:
+            key = (_BARE if request.omit_members  # the map's name: whatever map it names
+                   else (known_map(request), False, request.packed_maps))
             tail = tails.get(key)
             if tail is None:
-                tail = tails[key] = self._join_tail(run, request)
+                tail = tails[key] = interval + self._join_tail(run, request)
             answers[index] = (pb.JoinResponse(node_id=answer.node_id,
-                                              taken_back_after=answer.taken_back_after,
-                                              heartbeat_interval_s=interval
+                                              taken_back_after=answer.taken_back_after
                                               ).SerializeToString(),
                               tail)
         if held:
@@ -562,9 +566,11 @@ def _when_sent(context: Any, sent: list[Callable[[], None]]) -> None:
         context.add_done_callback(lambda _: [reply_sent() for reply_sent in sent])
 
 
+@functools.lru_cache(maxsize=4096)
 def _field_prefix(number: int, size: int) -> bytes:
     """What precedes a serialized message of ``size`` bytes as field ``number`` of the message
-    that holds it, so that replies encoded once are nested without being parsed again."""
+    that holds it, so that replies encoded once are nested without being parsed again. Cached:
+    the replies of a formation come in a few sizes."""
     prefix = bytearray([number << 3 | 2])
     while size > 0x7F:
         prefix.append(size & 0x7F | 0x80)
