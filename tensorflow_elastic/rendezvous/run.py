@@ -570,15 +570,13 @@ class Run:
         if state.phase != Phase.ACTIVE:
             return  # it changed while saving: the next pass decides
         members = state.members
-        shared = self.membership()
         answered = []
         for index in formed:
             node_id = waits[index][0].node_id
             if node_id in members:
                 del waits[index]
                 answered.append(node_id)
-                answers[index] = Membership(node_id, shared.generation, shared.members,
-                                            shared.chief_id)
+                answers[index] = self.membership(node_id)
         self._liveness.release_all(answered, self._clock.now())
         self._ack_all(answered)
 

@@ -381,20 +381,19 @@ class RendezvousService:
             else:
                 held.append((answer.node_id, not request.HasField("node_id")))
                 answered.append((index, request, answer))
-        interval = pb.JoinResponse(heartbeat_interval_s=run.ask_interval(
-            [node_id for node_id, _ in held])).SerializeToString()
+        interval = run.ask_interval([node_id for node_id, _ in held])
         # The run's current membership, which is what _join_tail encodes: the same for the
-        # whole batch (nothing awaits in between), so encoded once per map named and kind,
-        # with the interval asked: an entry's own bytes are its node's id alone.
+        # whole batch (nothing awaits in between), so encoded once per map named and kind.
         tails: dict[tuple[MapVersion | None, bool, bool], bytes] = {}
         for index, request, answer in answered:
             key = (_BARE if request.omit_members  # the map's name: whatever map it names
                    else (known_map(request), False, request.packed_maps))
             tail = tails.get(key)
             if tail is None:
-                tail = tails[key] = interval + self._join_tail(run, request)
+                tail = tails[key] = self._join_tail(run, request)
             answers[index] = (pb.JoinResponse(node_id=answer.node_id,
-                                              taken_back_after=answer.taken_back_after
+                                              taken_back_after=answer.taken_back_after,
+                                              heartbeat_interval_s=interval
                                               ).SerializeToString(),
                               tail)
         if held:
