@@ -55,9 +55,9 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_BEATS = 100_000
 
 _BARRIER = "barrier"
+_SYNC = "synchronize"
 # The key of a join reply's tail that names the map without its members.
 _BARE = (None, True, False)
-_SYNC = "synchronize"
 
 
 def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
