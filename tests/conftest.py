@@ -127,15 +127,21 @@ def tls_files(tmp_path) -> tuple[str, str]:
     return str(cert), str(key)
 
 
-@pytest.fixture
-def etcd_server(tmp_path):
-    """A real etcd (Debian's etcd-server, installed by install.sh) on free ports of 127.0.0.1."""
+def started_etcd(directory) -> Iterator[EtcdServer]:
+    """A real etcd (Debian's etcd-server, installed by install.sh) on free ports of 127.0.0.1,
+    its data in ``directory``; the test is skipped where etcd is not installed."""
     try:
-        server = EtcdServer(str(tmp_path / "etcd")).start()
+        server = EtcdServer(str(directory / "etcd")).start()
     except FileNotFoundError as e:
         pytest.skip(str(e))
     yield server
     server.stop()
+
+
+@pytest.fixture
+def etcd_server(tmp_path) -> Iterator[EtcdServer]:
+    """An etcd of the test's own."""
+    yield from started_etcd(tmp_path)
 
 
 def netns_hosts(n: int) -> Hosts:
@@ -287,7 +293,7 @@ def start_workers(tmp_path, subprocess_env) -> Iterator[Callable[..., list[Worke
 def pytest_collection_modifyitems(config, items):
     """The multi-process tests take the machine's cores (and the network-namespace subnet): under
     pyproject's two test processes (`--dist loadgroup`) they run one at a time, all in one of
-    them, with the tests marked serial. The light ones (no TensorFlow in their processes) run one
+    them, with the tests marked serial. The light ones (about one core, no tight timing) run one
     at a time in a group of their own, which goes to the other process (xdist hands the largest
     groups out first, one to each). xdist groups the tests whose id ends in @GROUP; it writes that
     suffix where pytest 9 no longer reads it, so the suffix is put on the id here."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 import pytest
 
@@ -27,7 +28,7 @@ def _script(path, body: str) -> None:
 
 
 @pytest.fixture
-def shell(start, tmp_path, monkeypatch) -> Callable[..., Proc]:
+def shell(start, tmp_path, monkeypatch) -> Iterator[Callable[..., Proc]]:
     """shell(command, placeholders) starts a documented command with bash in the test's
     directory; each placeholder (a key of ``placeholders``) is replaced by its value."""
     for name in os.listdir(REPO_ROOT):
@@ -45,7 +46,14 @@ def shell(start, tmp_path, monkeypatch) -> Callable[..., Proc]:
         text = substitute(command, placeholders or {})
         return start(module="", wrap=lambda argv: ["bash", "-c", text])
 
-    return run
+    # A suite started in the background of a script (`pytest &`) ignores SIGINT, and a command
+    # started with it ignored cannot take it back: the documented Ctrl-C would reach nothing.
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    yield run
+    if ignored:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture

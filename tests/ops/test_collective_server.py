@@ -23,7 +23,8 @@ import pytest
 
 from tools import build_ops
 
-pytestmark = pytest.mark.multiprocess
+# One build job and one process: about one core, no timing; beside the multi-process tests.
+pytestmark = [pytest.mark.multiprocess, pytest.mark.light]
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -61,7 +62,7 @@ def asan_library(request, tmp_path_factory) -> tuple[str, str]:
         import pybind11
 
         build_ops.build(ROOT, library + ".tmp", build_ops.probe_tensorflow(),
-                        pybind11.get_include(), asan=True, log=lambda message: None,
+                        pybind11.get_include(), asan=True, jobs=1, log=lambda message: None,
                         sources=ASAN_SOURCES)
         os.replace(library + ".tmp", library)
     # libstdc++ too: matplotlib's module throws C++ exceptions, which the sanitizer intercepts.

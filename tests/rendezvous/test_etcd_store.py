@@ -9,27 +9,40 @@ import signal
 import socket
 import threading
 import time
+from typing import Iterator
 
 import grpc
 import pytest
 
+from tensorflow_elastic.proto import etcd_pb2 as epb
 from tensorflow_elastic.rendezvous import cli, etcd, etcd_store
 from tensorflow_elastic.rendezvous.errors import NotLeaderError, StoreLimitError
 from tensorflow_elastic.rendezvous.etcd_store import EtcdStore, leader_key
 from tensorflow_elastic.rendezvous.leader import Election
-from tests.conftest import wait_until
+from tests.conftest import started_etcd, wait_until
 from tests.rendezvous import test_node_log as node_log_test
+from tools.etcd_server import EtcdServer
 
-# A real etcd restarted on its port: no other test process beside it (tests/conftest.py).
+# Lease timings of a second against a real etcd: no other test process beside it
+# (tests/conftest.py).
 pytestmark = pytest.mark.serial
 
 PREFIX = "/test"
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory) -> Iterator[EtcdServer]:
+    """One etcd for the module (starting one was most of a test's time); ``client`` empties it
+    after each test."""
+    yield from started_etcd(tmp_path_factory.mktemp("etcd"))
 
 
 @pytest.fixture
 def client(etcd_server):
     c = etcd.EtcdClient((etcd_server.endpoint,))
     yield c
+    c.txn([], [epb.RequestOp(request_delete_range=epb.DeleteRangeRequest(key=b"\0",
+                                                                          range_end=b"\0"))])
     c.close()
 
 
