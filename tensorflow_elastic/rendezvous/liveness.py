@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Callable, Container
+from typing import Callable, Container, Iterable
 
 # How often the loop clock checks that the serving loop runs, and how late a check may be
 # before the delay counts as a stall (scheduling jitter under load is not one).
@@ -91,14 +91,30 @@ class Liveness:
 
     def hold(self, node_id: int) -> None:
         """Counts the node alive until the matching :meth:`release`."""
-        self._held[node_id] += 1
-        self._last_seen.pop(node_id, None)
+        self.hold_all((node_id,))
 
     def release(self, node_id: int, now: float) -> None:
-        self._held[node_id] -= 1
-        if self._held[node_id] <= 0:
-            del self._held[node_id]
-            self.touch(node_id, now)
+        self.release_all((node_id,), now)
+
+    def hold_all(self, node_ids: Iterable[int]) -> None:
+        """:meth:`hold` for each of ``node_ids``, in one pass (a formation's thousands)."""
+        held, last_seen = self._held, self._last_seen
+        for node_id in node_ids:
+            held[node_id] += 1
+            last_seen.pop(node_id, None)
+
+    def release_all(self, node_ids: Iterable[int], now: float) -> None:
+        """:meth:`release` for each of ``node_ids``: heard from ``now`` once its last hold
+        ends."""
+        held, last_seen = self._held, self._last_seen
+        for node_id in node_ids:
+            held[node_id] -= 1
+            if held[node_id] <= 0:
+                del held[node_id]
+                if not last_seen:
+                    self._on_first()
+                last_seen[node_id] = now
+                last_seen.move_to_end(node_id)
 
     def forget(self, node_id: int) -> None:
         self._last_seen.pop(node_id, None)
@@ -137,11 +153,24 @@ class BeatIntervals:
         self.longest = 0.0
 
     def ask(self, node_id: int, interval: float) -> None:
-        interval = max(interval, self._of.get(node_id, 0.0))
-        self.forget(node_id)
-        self._of[node_id] = interval
-        self._count[interval] += 1
-        self.longest = max(self.longest, interval)
+        self.ask_all((node_id,), interval)
+
+    def ask_all(self, node_ids: Iterable[int], interval: float) -> None:
+        """Asks each of ``node_ids`` for ``interval``; a node keeps the longest it was asked.
+        In one pass: a formation asks thousands at once."""
+        of = self._of
+        changed = 0
+        for node_id in node_ids:
+            asked = of.get(node_id)
+            if asked is not None:
+                if asked >= interval:
+                    continue
+                self.forget(node_id)
+            of[node_id] = interval
+            changed += 1
+        if changed:
+            self._count[interval] += changed
+            self.longest = max(self.longest, interval)
 
     def forget(self, node_id: int) -> None:
         interval = self._of.pop(node_id, None)

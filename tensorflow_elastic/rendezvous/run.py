@@ -509,29 +509,13 @@ class Run:
         """Waits until each node of ``waits`` (entry index -> node, the generation it must be
         newer than, timeout, deadline) is a member of a newer generation, or its join fails; puts each
         answer at its index. The nodes are held alive meanwhile, and all wait on one wake-up."""
-        state = self._state
-        for node, *_ in waits.values():
-            self._liveness.hold(node.node_id)
+        self._liveness.hold_all([node.node_id for node, *_ in waits.values()])
         try:
             while waits:
-                formed = []
-                for index, (node, after, timeout, deadline) in list(waits.items()):
-                    try:
-                        if self._in_generation_after(node, after, timeout, deadline):
-                            formed.append(index)
-                    except RendezvousError as e:
-                        del waits[index]
-                        self._stop_holding(node.node_id)
-                        answers[index] = e
+                formed = self._formed(waits, answers)
                 if formed:
                     await self._committer.wait(self._formed_ticket)
-                    for index in formed:
-                        node_id = waits[index][0].node_id
-                        if state.is_active_member(node_id):
-                            del waits[index]
-                            self._stop_holding(node_id)
-                            self._ack(node_id)
-                            answers[index] = self.membership(node_id)
+                    self._answer_formed(waits, formed, answers)
                 elif waits:
                     soonest = min(wait[3] for wait in waits.values())
                     await self._join_wake.wait(soonest - time.monotonic())
@@ -539,28 +523,68 @@ class Run:
             for node, *_ in waits.values():
                 self._stop_holding(node.node_id)
 
-    def _in_generation_after(self, node: Node, after: int, timeout: float,
-                             deadline: float) -> bool:
-        """Whether the node is a member of a generation newer than ``after``; raises why its
-        join fails (the run failed or completed, the node was removed, its deadline passed)."""
+    def _formed(self, waits: dict[int, tuple[Node, int, float, float]],
+                answers: list[Membership | RendezvousError | None]) -> list[int]:
+        """The entries of ``waits`` whose node is a member of a generation newer than the one
+        it waits past. A join that fails (the run failed or completed, its node was removed,
+        its deadline passed) gets its error and leaves ``waits``. One pass over a batch: at a
+        formation thousands of nodes are answered at once."""
         state = self._state
-        refusals.check_not_failed(state)
-        if state.phase == Phase.COMPLETED or state.job_finished:
-            raise refusals.job_complete(state)
-        if state.was_removed(node.node_id):
-            raise refusals.removed_error(state, node.node_id)
-        if state.is_active_member(node.node_id) and state.generation > after:
-            return True
-        if deadline <= time.monotonic():
-            raise RendezvousTimeoutError(refusals.join_timeout_message(state, node, timeout))
-        return False
+        ended: RendezvousError | None = None
+        try:
+            refusals.check_not_failed(state)
+        except RendezvousError as e:
+            ended = e
+        if ended is None and (state.phase == Phase.COMPLETED or state.job_finished):
+            ended = refusals.job_complete(state)
+        formed = []
+        members = state.members if state.phase == Phase.ACTIVE else {}
+        generation = state.generation
+        now = time.monotonic()
+        for index, (node, after, timeout, deadline) in list(waits.items()):
+            node_id = node.node_id
+            if ended is None:
+                if node_id in members and generation > after:
+                    formed.append(index)
+                    continue
+                if state.was_removed(node_id):
+                    error = refusals.removed_error(state, node_id)
+                elif deadline <= now:
+                    error = RendezvousTimeoutError(refusals.join_timeout_message(state, node,
+                                                                                 timeout))
+                else:
+                    continue
+            else:
+                error = ended
+            del waits[index]
+            self._stop_holding(node_id)
+            answers[index] = error
+        return formed
+
+    def _answer_formed(self, waits: dict[int, tuple[Node, int, float, float]],
+                       formed: list[int],
+                       answers: list[Membership | RendezvousError | None]) -> None:
+        """Answers the ``formed`` entries of ``waits`` whose node is still a member (the save
+        of their generation is durable) with the current membership, in one pass."""
+        state = self._state
+        if state.phase != Phase.ACTIVE:
+            return  # it changed while saving: the next pass decides
+        members = state.members
+        answered = []
+        for index in formed:
+            node_id = waits[index][0].node_id
+            if node_id in members:
+                del waits[index]
+                answered.append(node_id)
+                answers[index] = self.membership(node_id)
+        self._liveness.release_all(answered, self._clock.now())
+        self._ack_all(answered)
 
     def ask_interval(self, node_ids: Sequence[int]) -> float:
         """The shortest heartbeat interval this run asks of ``node_ids``, whose joins return now
         (their replies say it); their silences are judged by it from now on."""
         interval = beat_interval_floor(len(self._state.nodes))
-        for node_id in node_ids:
-            self._intervals.ask(node_id, interval)
+        self._intervals.ask_all(node_ids, interval)
         return interval
 
     def heartbeat_timeout(self) -> float:
@@ -582,8 +606,8 @@ class Run:
         it beats) ends the hold too. One timer serves the nodes of a reply."""
         loop = asyncio.get_running_loop()
         holds = []
+        self._liveness.hold_all([node_id for node_id, _ in nodes])
         for node_id, newcomer in nodes:
-            self._liveness.hold(node_id)
             hold = _ReplyHold(node_id, newcomer, self._end_hold)
             if newcomer:  # a join retried with its nonce holds it twice: one beat ends both
                 self._first_beats.setdefault(node_id, []).append(hold)
@@ -656,9 +680,13 @@ class Run:
     def _ack(self, node_id: int) -> None:
         """Notes that a member knows the current generation; once all do, the rendezvous is
         complete."""
+        self._ack_all((node_id,))
+
+    def _ack_all(self, node_ids: Sequence[int]) -> None:
+        """:meth:`_ack` for each of ``node_ids``."""
         if self._unacked is None:
             return
-        self._unacked.discard(node_id)
+        self._unacked.difference_update(node_ids)
         if not self._unacked:
             self._unacked = None
             seconds = time.monotonic() - self._forming_since

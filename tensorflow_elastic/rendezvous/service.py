@@ -56,6 +56,8 @@ MAX_BEATS = 100_000
 
 _BARRIER = "barrier"
 _SYNC = "synchronize"
+# The key of a join reply's tail that names the map without its members.
+_BARE = (None, True, False)
 
 
 def _rpc(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
@@ -372,19 +374,20 @@ class RendezvousService:
             JoinEntry(r.address, r.node_id if r.HasField("node_id") else None,
                       r.last_generation, r.nonce, r.timeout_s) for r in batch])
         held = []
+        answered = []
         for index, request, answer in zip(indices, batch, joined):
             if isinstance(answer, RendezvousError):
                 answers[index] = answer
             else:
                 held.append((answer.node_id, not request.HasField("node_id")))
+                answered.append((index, request, answer))
         interval = run.ask_interval([node_id for node_id, _ in held])
         # The run's current membership, which is what _join_tail encodes: the same for the
         # whole batch (nothing awaits in between), so encoded once per map named and kind.
         tails: dict[tuple[MapVersion | None, bool, bool], bytes] = {}
-        for index, request, answer in zip(indices, batch, joined):
-            if isinstance(answer, RendezvousError):
-                continue
-            key = (known_map(request), request.omit_members, request.packed_maps)
+        for index, request, answer in answered:
+            key = (_BARE if request.omit_members  # the map's name: whatever map it names
+                   else (known_map(request), False, request.packed_maps))
             tail = tails.get(key)
             if tail is None:
                 tail = tails[key] = self._join_tail(run, request)
@@ -562,9 +565,11 @@ def _when_sent(context: Any, sent: list[Callable[[], None]]) -> None:
         context.add_done_callback(lambda _: [reply_sent() for reply_sent in sent])
 
 
+@functools.lru_cache(maxsize=4096)
 def _field_prefix(number: int, size: int) -> bytes:
     """What precedes a serialized message of ``size`` bytes as field ``number`` of the message
-    that holds it, so that replies encoded once are nested without being parsed again."""
+    that holds it, so that replies encoded once are nested without being parsed again. Cached:
+    the replies of a formation come in a few sizes."""
     prefix = bytearray([number << 3 | 2])
     while size > 0x7F:
         prefix.append(size & 0x7F | 0x80)

@@ -58,3 +58,23 @@ def test_each_entry_of_a_batch_keeps_its_own_timeout_and_error():
     assert isinstance(short, RendezvousTimeoutError) and "0.2 s" in short.message
     assert isinstance(longer, RendezvousTimeoutError) and "0.4 s" in longer.message
     assert isinstance(unknown, RendezvousError) and "7" in unknown.message
+
+
+def test_a_batch_answers_a_node_removed_while_waiting_and_the_others_once_formed():
+    async def scenario() -> tuple[list, list[str]]:
+        run = _run(3)
+        run.start()
+        batch = asyncio.create_task(run.join_many([_entry(24020), _entry(24021)]))
+        await asyncio.sleep(0.1)
+        await run.leave(0, "preempted")  # node 0 leaves while its batch waits
+        others = await run.join_many([_entry(24022), _entry(24023)])
+        answers = await batch
+        history = [entry["event"] for entry in run.status().history]
+        await run.close()
+        return answers + others, history
+
+    (left, *joined), history = asyncio.run(scenario())
+    assert isinstance(left, RendezvousError) and "left: preempted" in left.message
+    assert all(isinstance(a, Membership) and a.generation == 1 for a in joined)
+    assert sorted(a.node_id for a in joined) == [1, 2, 3]
+    assert "rendezvous_complete" in history  # every member was answered, so knows it

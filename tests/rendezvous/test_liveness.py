@@ -43,6 +43,34 @@ def test_the_longest_interval_asked_stays_until_every_node_asked_it_left():
     assert intervals.longest == 0.0
 
 
+def test_holds_taken_and_released_in_bulk_count_per_node():
+    first = []
+    live = Liveness(on_first=lambda: first.append(True))
+    live.hold_all([1, 2, 2])  # node 2 held twice: by a join and by its reply
+    assert live.oldest() is None
+    live.release_all([1, 2], now=4.0)
+    assert first == [True]  # the first node heard wakes the timer
+    assert live.oldest() == (1, 4.0) and live.silent_for(2, 9.0) == 0.0  # 2 is still held
+    live.release_all([2], now=6.0)
+    assert live.expired(now=11.0, timeout=5.0) == [1]
+    assert live.silent_for(2, 11.0) == 5.0
+
+
+def test_intervals_asked_in_bulk_keep_each_nodes_longest():
+    intervals = BeatIntervals()
+    intervals.ask(1, 5.0)
+    intervals.ask_all([1, 2, 3], 0.5)  # node 1 still beats at 5 s
+    intervals.forget(1)
+    assert intervals.longest == 0.5
+    intervals.ask_all([2, 4], 2.5)
+    intervals.forget(4)
+    assert intervals.longest == 2.5  # node 2 was asked 2.5 s too
+    intervals.forget(2)
+    assert intervals.longest == 0.5
+    intervals.forget(3)
+    assert intervals.longest == 0.0
+
+
 def test_watch_loss_reports_a_member_silent_for_the_grace_after_its_last_watch_broke():
     loss = WatchLoss(grace=2.0)
     for node_id in (1, 2, 3, 4):
