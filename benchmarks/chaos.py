@@ -172,12 +172,18 @@ class ChaosJob(Job):
 
 
 def wait(job: ChaosJob, predicate, what: str, timeout: float = WAIT_S, check: bool = True,
-         fail: bool = True):
+         fail: bool = True, also_check=None):
     """predicate()'s first true value; raises after `timeout` (returns None unless `fail`), or
-    at once when a launcher exited (unless not `check`)."""
+    at once when a launcher exited (unless not `check`) or `also_check()` raised."""
+
+    def checks() -> None:
+        if check:
+            job.check_alive()
+        if also_check is not None:
+            also_check()
+
     try:
-        return wait_until(predicate, what, timeout, interval=0.01,
-                          check=job.check_alive if check else None)
+        return wait_until(predicate, what, timeout, interval=0.01, check=checks)
     except TimeoutError:
         if fail:
             raise
@@ -361,6 +367,15 @@ def network_fault(job: ChaosJob, kind: str) -> dict:
             "step_ms_before": step_ms(t0 - 10.0, t0), "step_ms_during": step_ms(t0, healed)}
 
 
+def survivors_stayed(job: ChaosJob, survivors: list[int], t0: float) -> None:
+    """Raises, saying why, when a survivor of the fault at `t0` left the job: its first step
+    of a later generation would never come (a replacement has another node id)."""
+    for e in job.events.poll(ev.NODE_LEFT):
+        if e["time"] >= t0 and e.get("node") in survivors:
+            raise RuntimeError(f"survivor {e['node']} left the job after the fault: "
+                               f"{e.get('reason')}")
+
+
 def measure(job: ChaosJob, fault: Fault) -> None:
     """Waits until every survivor completed a step of a later generation; fills the figures."""
     survivors = [m for m in fault.members if m != fault.victim]
@@ -372,7 +387,8 @@ def measure(job: ChaosJob, fault: Fault) -> None:
                 firsts.setdefault(r["node"], r)
         return firsts if len(firsts) == len(survivors) else None
 
-    firsts = wait(job, recovered, f"recovery from {fault.kind} of node {fault.victim}")
+    firsts = wait(job, recovered, f"recovery from {fault.kind} of node {fault.victim}",
+                  also_check=lambda: survivors_stayed(job, survivors, fault.t0))
     fault.recovery_s = max(r["t"] for r in firsts.values()) - fault.t0
     detected = [e["time"] for e in job.events.poll(ev.FAILURE_DETECTED)
                 if e["time"] >= fault.t0]
