@@ -84,6 +84,10 @@ class Liveness:
     def touch(self, node_id: int, now: float) -> None:
         if self._held[node_id]:
             return
+        self._seen(node_id, now)
+
+    def _seen(self, node_id: int, now: float) -> None:
+        """Heard from ``now`` (the newest of the nodes heard from)."""
         if not self._last_seen:
             self._on_first()
         self._last_seen[node_id] = now
@@ -106,15 +110,12 @@ class Liveness:
     def release_all(self, node_ids: Iterable[int], now: float) -> None:
         """:meth:`release` for each of ``node_ids``: heard from ``now`` once its last hold
         ends."""
-        held, last_seen = self._held, self._last_seen
+        held = self._held
         for node_id in node_ids:
             held[node_id] -= 1
             if held[node_id] <= 0:
                 del held[node_id]
-                if not last_seen:
-                    self._on_first()
-                last_seen[node_id] = now
-                last_seen.move_to_end(node_id)
+                self._seen(node_id, now)
 
     def forget(self, node_id: int) -> None:
         self._last_seen.pop(node_id, None)
