@@ -25,6 +25,10 @@ class CollectiveInterrupter:
         # Every generation below this one has ended (the orchestrator announced this one).
         self.ended_below = 0
 
+    def has_ended(self, generation: int) -> bool:
+        """Whether the orchestrator announced a generation after `generation`."""
+        return generation < self.ended_below
+
     def serve(self, generation: int) -> None:
         """TensorFlow's collectives now run in `generation` (the strategy's first)."""
         with self._lock:
@@ -45,7 +49,7 @@ class CollectiveInterrupter:
         with self._lock:
             yield
             self._serving = generation
-            if generation < self.ended_below:
+            if self.has_ended(generation):
                 # It ended while this node moved to it: nothing else would unblock its
                 # first collective (the state sync's broadcast).
                 cluster.abort_collectives(f"generation {generation} ended while this node "

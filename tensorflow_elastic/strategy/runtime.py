@@ -409,7 +409,7 @@ class ElasticRuntime:
         the workers' log files). Members tell each other how many replicas they drive with
         their state (sync_facts): the generation's collectives are sized by it."""
         state.sync()
-        if self._interrupts.ended_below > self.generation:
+        if self._interrupts.has_ended(self.generation):
             # The generation ended once the sync's collectives had completed: the step would
             # run up to its first collective only to find it aborted.
             raise GenerationEnded(f"generation {self.generation} ended during the state sync")
@@ -435,7 +435,7 @@ class ElasticRuntime:
         (a frozen peer would hold it for the whole probe timeout).
         """
         membership = self.session.membership
-        if self._interrupts.ended_below > membership.generation:
+        if self._interrupts.has_ended(membership.generation):
             peers = []
         else:
             peers = cluster.unreachable_peers(membership.members, self.session.node_id)
